@@ -1,0 +1,375 @@
+"""Ray lifecycle: Ray on the Spark cluster, an existing Ray, or a plain local Ray.
+
+``ray_cluster()`` is a context manager that starts (or connects), yields a ``RayCluster``
+and always shuts down, also on exceptions, Ctrl-C and SIGTERM. ``start_ray()`` /
+``stop_ray()`` are the same as a function pair.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+import shutil
+import signal
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from raybricks.config import ClusterConfig
+from raybricks.errors import ClusterError, SetupError
+from raybricks.session import active_spark, local_spark_session, prepare_executor_environment
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+log = logging.getLogger(__name__)
+
+#: Environment variables that Ray workers need to reach MLflow and Databricks.
+FORWARDED_ENV_PREFIXES = ("MLFLOW_",)
+FORWARDED_ENV_NAMES = (
+    "DATABRICKS_HOST",
+    "DATABRICKS_TOKEN",
+    "DATABRICKS_CLIENT_ID",
+    "DATABRICKS_CLIENT_SECRET",
+    "DATABRICKS_CONFIG_PROFILE",
+)
+#: Share of /dev/shm that Ray's object store may take on one machine.
+SHM_SHARE = 0.8
+
+
+@dataclass
+class SparkCapacity:
+    """What the Spark cluster offers Ray: worker machines, task slots and cores."""
+
+    local_mode: bool
+    workers: int
+    slots_per_worker: int
+    cores_per_worker: int
+    task_cpus: int
+
+    @property
+    def total_slots(self) -> int:
+        return self.workers * self.slots_per_worker
+
+
+@dataclass
+class RayCluster:
+    """A running Ray that the driver is connected to."""
+
+    mode: str
+    address: str
+    settings: dict[str, Any] = field(default_factory=dict)
+    _owned: bool = True
+
+    @property
+    def resources(self) -> dict[str, float]:
+        """Total cluster resources as Ray reports them now (CPU, GPU, memory, ...)."""
+        import ray
+
+        return ray.cluster_resources()
+
+    @property
+    def num_cpus(self) -> int:
+        return int(self.resources.get("CPU", 0))
+
+
+def forwarded_env(extra: list[str] | None = None) -> dict[str, str]:
+    """The driver's MLflow / Databricks variables that Ray workers must see too."""
+    names = set(FORWARDED_ENV_NAMES) | set(extra or [])
+    return {
+        key: value
+        for key, value in os.environ.items()
+        if key in names or key.startswith(FORWARDED_ENV_PREFIXES)
+    }
+
+
+def disable_ray_token_auth() -> None:
+    """Pin RAY_AUTH_MODE so a stale ``~/.ray/auth_token`` cannot lock out the driver.
+
+    After any plain ``ray.init()`` Ray writes that file; a later head started with the
+    mode unset turns token auth on and the driver is refused (``InvalidAuthToken``).
+    A value the user set is kept.
+    """
+    if not os.environ.get("RAY_AUTH_MODE"):
+        os.environ["RAY_AUTH_MODE"] = "disabled"
+
+
+def shm_object_store_cap(nodes_on_this_machine: int = 1) -> int | None:
+    """Largest object store (bytes) per node that fits in /dev/shm, or None if unknown."""
+    try:
+        free = shutil.disk_usage("/dev/shm").free
+    except OSError:
+        return None
+    return int(free * SHM_SHARE / max(nodes_on_this_machine, 1))
+
+
+def spark_capacity(spark: SparkSession) -> SparkCapacity:
+    """Measure the Spark cluster: local[N] slots, or executors and their cores."""
+    sc = spark.sparkContext
+    conf = sc.getConf()
+    task_cpus = int(conf.get("spark.task.cpus", "1"))
+    master = sc.master
+    local = re.fullmatch(r"local(?:\[(\*|\d+)(?:,\d+)?\])?", master)
+    if local:
+        raw = local.group(1)
+        cores = 1 if raw is None else (os.cpu_count() or 1) if raw == "*" else int(raw)
+        return SparkCapacity(True, 1, max(cores // task_cpus, 1), cores, task_cpus)
+    executors = _executor_count(spark)
+    cores = int(conf.get("spark.executor.cores", "0")) or max(
+        sc.defaultParallelism // max(executors, 1), 1
+    )
+    return SparkCapacity(False, executors, max(cores // task_cpus, 1), cores, task_cpus)
+
+
+def _executor_count(spark: SparkSession) -> int:
+    """Executors registered now (the driver excluded), at least 1."""
+    try:
+        status = spark.sparkContext._jsc.sc().getExecutorMemoryStatus()
+        return max(status.size() - 1, 1)
+    except Exception:  # noqa: BLE001 - py4j internals differ across runtimes
+        return max(int(spark.sparkContext.getConf().get("spark.executor.instances", "1")), 1)
+
+
+def ray_on_spark_arguments(config: ClusterConfig, capacity: SparkCapacity) -> dict[str, Any]:
+    """Translate a ClusterConfig into ``setup_ray_cluster`` keyword arguments.
+
+    Raises ClusterError when the request exceeds what the Spark cluster has.
+    """
+    args: dict[str, Any] = {}
+    if capacity.local_mode:
+        if config.num_cpus_worker_node is not None or config.num_gpus_worker_node is not None:
+            raise ClusterError(
+                "cluster.num_cpus_worker_node / num_gpus_worker_node cannot be set with Spark "
+                "in local mode (Spark has no stage scheduling there; each Ray worker node gets "
+                "spark.task.cpus CPUs): leave them unset, or use num_cpus_head_node"
+            )
+        max_nodes = config.max_worker_nodes or 1
+        if max_nodes > capacity.total_slots:
+            raise ClusterError(
+                f"cluster.max_worker_nodes={max_nodes} asks for more Ray worker nodes than "
+                f"local Spark has task slots ({capacity.total_slots}): lower it, or start Spark "
+                f"with more cores (local[N])"
+            )
+        # Each worker node gets spark.task.cpus CPUs; the head node takes the rest, so
+        # Ray sees every core while Spark keeps free slots for reading and staging.
+        head_cpus = config.num_cpus_head_node
+        if head_cpus is None:
+            head_cpus = max(capacity.cores_per_worker - max_nodes * capacity.task_cpus, 0)
+        args["num_cpus_head_node"] = head_cpus
+    else:
+        cpus = config.num_cpus_worker_node or capacity.cores_per_worker
+        if cpus > capacity.cores_per_worker:
+            raise ClusterError(
+                f"cluster.num_cpus_worker_node={cpus} is more than a Spark worker has "
+                f"({capacity.cores_per_worker} cores): lower it or pick a larger node type"
+            )
+        nodes_per_worker = max(capacity.cores_per_worker // cpus, 1)
+        available = capacity.workers * nodes_per_worker
+        max_nodes = config.max_worker_nodes or available
+        if config.min_worker_nodes is None and max_nodes > available:
+            raise ClusterError(
+                f"cluster.max_worker_nodes={max_nodes} x {cpus} CPUs is more than the Spark "
+                f"cluster has now ({capacity.workers} workers x {capacity.cores_per_worker} "
+                f"cores): lower it, set min_worker_nodes to autoscale, or add workers"
+            )
+        args["num_cpus_worker_node"] = cpus
+        args["num_gpus_worker_node"] = config.num_gpus_worker_node or 0
+        if config.num_cpus_head_node is not None:
+            args["num_cpus_head_node"] = config.num_cpus_head_node
+    args["max_worker_nodes"] = max_nodes
+    if config.min_worker_nodes is not None:
+        args["min_worker_nodes"] = config.min_worker_nodes
+    optional = {
+        "num_gpus_head_node": config.num_gpus_head_node,
+        "memory_worker_node": config.memory_worker_node,
+        "object_store_memory_worker_node": config.object_store_memory_worker_node,
+        "memory_head_node": config.memory_head_node,
+        "object_store_memory_head_node": config.object_store_memory_head_node,
+        "ray_temp_root_dir": config.temp_dir,
+        "collect_log_to_path": config.log_dir,
+    }
+    args.update({key: value for key, value in optional.items() if value is not None})
+    if capacity.local_mode and "object_store_memory_head_node" not in args:
+        cap = shm_object_store_cap(nodes_on_this_machine=max_nodes + 1)
+        if cap is not None:
+            args["object_store_memory_head_node"] = min(cap, 2 * 1024**3)
+    return args
+
+
+def resolve_mode(config: ClusterConfig) -> str:
+    """The concrete mode for ``auto``: an address if one is known, else Ray on Spark."""
+    if config.mode != "auto":
+        return config.mode
+    return "address" if (config.address or os.environ.get("RAY_ADDRESS")) else "spark"
+
+
+def _refuse_if_ray_running() -> None:
+    import ray
+
+    if ray.is_initialized():
+        raise ClusterError(
+            "Ray is already initialised in this process (a ray.init() elsewhere): call "
+            "ray.shutdown() first, or pass cluster.mode=address with that cluster's address"
+        )
+
+
+def start_ray(
+    config: ClusterConfig | None = None, spark: SparkSession | None = None
+) -> RayCluster:
+    """Start or connect to Ray as ``config`` says and connect this driver to it."""
+    config = config or ClusterConfig()
+    mode = resolve_mode(config)
+    disable_ray_token_auth()
+    _refuse_if_ray_running()
+    runtime_env = {"env_vars": forwarded_env(config.forward_env)}
+    if mode == "address":
+        return _connect(config.address or os.environ["RAY_ADDRESS"], runtime_env)
+    if mode == "local":
+        return _start_local(config, runtime_env)
+    return _start_on_spark(config, spark, runtime_env)
+
+
+def _connect(address: str, runtime_env: dict[str, Any]) -> RayCluster:
+    import ray
+
+    try:
+        ray.init(address=address, runtime_env=runtime_env, log_to_driver=False)
+    except (ConnectionError, RuntimeError) as exc:
+        raise ClusterError(
+            f"cannot connect to Ray at {address!r} ({exc}): check the address and that the "
+            "cluster is running (`ray status --address ...`)"
+        ) from exc
+    return RayCluster("address", address, {"address": address}, _owned=False)
+
+
+def _start_local(config: ClusterConfig, runtime_env: dict[str, Any]) -> RayCluster:
+    import ray
+
+    settings: dict[str, Any] = {"num_cpus": config.num_cpus or os.cpu_count() or 1}
+    store = config.object_store_memory_head_node or shm_object_store_cap()
+    if store:
+        settings["object_store_memory"] = int(min(store, 2 * 1024**3))
+    if config.temp_dir:
+        settings["_temp_dir"] = config.temp_dir
+    prepare_executor_environment()
+    context = ray.init(
+        address="local",  # never RAY_ADDRESS: this mode always starts its own Ray
+        include_dashboard=False,
+        runtime_env=runtime_env,
+        log_to_driver=False,
+        **settings,
+    )
+    return RayCluster("local", context.address_info["address"], settings)
+
+
+def _start_on_spark(
+    config: ClusterConfig, spark: SparkSession | None, runtime_env: dict[str, Any]
+) -> RayCluster:
+    import ray
+    from ray.util.spark import setup_ray_cluster, shutdown_ray_cluster
+
+    spark = spark or active_spark()
+    if spark is None:
+        raise SetupError(
+            "no active SparkSession: on Databricks run inside a notebook or job; locally "
+            "call raybricks.session.local_spark_session() first (or pass spark=...), or "
+            "use cluster.mode=local for a plain local Ray"
+        )
+    _check_executor_environment(spark)
+    args = ray_on_spark_arguments(config, spark_capacity(spark))
+    log.info("starting Ray on Spark with %s", args)
+    try:
+        head_address, _client_address = setup_ray_cluster(**args)
+    except Exception as exc:
+        raise ClusterError(
+            f"Ray on Spark did not start: {exc}. See the Ray logs under "
+            f"{config.temp_dir or '/tmp/ray'}; check free ports and memory"
+        ) from exc
+    try:
+        ray.init(address=head_address, runtime_env=runtime_env, log_to_driver=False)
+    except BaseException:
+        shutdown_ray_cluster()
+        raise
+    return RayCluster("spark", head_address, args)
+
+
+def _probe_executor(_: Any) -> list[tuple[str, str | None]]:
+    import shutil as _shutil
+    import sys as _sys
+
+    return [(_sys.executable, _shutil.which("ray"))]
+
+
+def _check_executor_environment(spark: SparkSession) -> None:
+    """Fail fast, before the slow start-up, when executors cannot run the ``ray`` CLI."""
+    executable, ray_cli = spark.sparkContext.parallelize([0], 1).mapPartitions(
+        _probe_executor
+    ).collect()[0]
+    if ray_cli is None:
+        raise SetupError(
+            f"Spark executors run {executable} but cannot find the `ray` command on their "
+            "PATH: install raybricks (with Ray) in the executors' Python environment, or "
+            "set PYSPARK_PYTHON and PATH (spark.executorEnv.PATH) to the venv before Spark "
+            "starts (raybricks.session.local_spark_session() does this)"
+        )
+
+
+def stop_ray(cluster: RayCluster | None) -> None:
+    """Disconnect the driver and shut down whatever ``start_ray`` started. Idempotent."""
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()
+    if cluster is not None and cluster.mode == "spark" and cluster._owned:
+        from ray.util.spark import shutdown_ray_cluster
+
+        with contextlib.suppress(Exception):
+            shutdown_ray_cluster()
+        cluster._owned = False
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """Turn SIGTERM into KeyboardInterrupt for the block, so clean-up still runs."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def _raise(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, _raise)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@contextlib.contextmanager
+def ray_cluster(
+    config: ClusterConfig | None = None, spark: SparkSession | None = None
+) -> Iterator[RayCluster]:
+    """Start (or connect to) Ray for the block and always shut it down afterwards.
+
+    >>> with ray_cluster(ClusterConfig(mode="local", num_cpus=2)) as cluster:
+    ...     cluster.num_cpus
+    2
+    """
+    cluster: RayCluster | None = None
+    try:
+        cluster = start_ray(config, spark)
+        # installed after ray.init, which sets a SIGTERM handler of its own
+        with _sigterm_as_interrupt():
+            yield cluster
+    finally:
+        stop_ray(cluster)
+
+
+def spark_for(config: ClusterConfig) -> SparkSession | None:
+    """The SparkSession the cluster mode needs: the active one, or a new local one."""
+    if resolve_mode(config) != "spark":
+        return active_spark()
+    return local_spark_session()

@@ -1,0 +1,402 @@
+"""Spark table -> Ray Dataset whose every block holds whole segments.
+
+Spark does the column pruning, the filter and the layout (range-partition by the segment
+key, sort within partitions); Ray only reads. Each Spark partition is handed to one Ray
+reader task, which cuts it at segment boundaries into blocks of at most
+``max_block_rows`` rows (a single segment larger than that is one block of its own).
+No segment is ever split across blocks, and Ray does no shuffle.
+
+Strategies (``strategy=``):
+
+``chunks``
+    Databricks Runtime ML 15+: Spark persists partitions as Arrow chunks
+    (``pyspark.sql.chunk_api``, the mechanism behind ``ray.data.from_spark`` there) and
+    Ray tasks read them. Needs ``spark.databricks.pyspark.dataFrameChunk.enabled``.
+``parquet``
+    Spark writes the laid-out table as Parquet under a unique staging directory (a Unity
+    Catalog volume path on Databricks, a temporary directory locally), Ray tasks read one
+    file each, and the directory is removed once the blocks are in Ray's object store.
+``arrow``
+    Small tables only: ``DataFrame.toArrow()`` on the driver, cut into blocks there.
+    Refused above ``arrow_max_rows`` so no large table is collected on the driver.
+``auto``
+    ``chunks`` where available, else ``arrow`` for tables up to ``arrow_max_rows``,
+    else ``parquet``.
+
+Types: integers, floats, booleans, strings, binary, dates and decimals (same precision
+and scale) arrive as their Arrow equivalents; Spark ``TIMESTAMP`` arrives as
+``timestamp[us, tz=UTC]`` (the same instant), ``TIMESTAMP_NTZ`` as ``timestamp[us]``;
+nulls stay nulls. Null segment keys are kept: all rows whose key is null form one
+segment of their own (per distinct combination of the key columns).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import os
+import shutil
+import tempfile
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from raybricks.databricks import chunk_api_available, in_databricks_runtime
+from raybricks.errors import DataError
+
+if TYPE_CHECKING:
+    import ray.data
+    from pyspark.sql import DataFrame, SparkSession
+
+log = logging.getLogger(__name__)
+
+Strategy = Literal["auto", "chunks", "parquet", "arrow"]
+DEFAULT_MAX_BLOCK_ROWS = 200_000
+DEFAULT_ARROW_MAX_ROWS = 100_000
+
+
+@dataclass
+class SegmentedDataset:
+    """A Ray Dataset of segment-aligned blocks, with what is known about it."""
+
+    dataset: ray.data.Dataset
+    segment_by: list[str]
+    strategy: str
+    num_rows: int
+    num_segments: int
+    num_blocks: int
+
+    @property
+    def schema(self) -> pa.Schema:
+        return self.dataset.schema().base_schema
+
+
+# --------------------------------------------------------------------------- input
+
+
+def resolve_source(source: DataFrame | str, spark: SparkSession | None = None) -> DataFrame:
+    """A DataFrame as given, or the table with that name (``cat.schema.tbl``)."""
+    if not isinstance(source, str):
+        return source
+    from pyspark.errors import AnalysisException
+
+    if spark is None:
+        from raybricks.session import active_spark
+
+        spark = active_spark()
+    if spark is None:
+        raise DataError(f"cannot read table {source!r}: no active SparkSession")
+    try:
+        return spark.table(source)
+    except AnalysisException as exc:
+        raise DataError(
+            f"table {source!r} not found ({_first_line(exc)}): check the name "
+            "(catalog.schema.table) and that it exists, e.g. with SHOW TABLES"
+        ) from exc
+
+
+def select_and_filter(
+    df: DataFrame,
+    segment_by: Sequence[str],
+    columns: Sequence[str] | None = None,
+    where: str | None = None,
+) -> DataFrame:
+    """Check the columns exist, apply the SQL predicate, keep only the needed columns."""
+    from pyspark.errors import AnalysisException
+
+    segment_by = list(segment_by)
+    if not segment_by:
+        raise DataError("segment_by is empty: name at least one segment column")
+    wanted = list(dict.fromkeys(segment_by + list(columns or [])))
+    if columns is None:
+        wanted += [c for c in df.columns if c not in wanted]
+    available = {c.lower(): c for c in df.columns}
+    missing = [c for c in wanted if c.lower() not in available]
+    if missing:
+        raise DataError(
+            f"column(s) {missing} not in the table; it has {df.columns}"
+        )
+    if where:
+        try:
+            df = df.where(where)
+            df.schema  # noqa: B018 - forces analysis so a bad predicate fails here
+        except AnalysisException as exc:
+            raise DataError(
+                f"where={where!r} is not a valid predicate on this table "
+                f"({_first_line(exc)}); columns are {df.columns}"
+            ) from exc
+    return df.select(*[available[c.lower()] for c in wanted])
+
+
+def count_rows_and_segments(df: DataFrame, segment_by: Sequence[str]) -> tuple[int, int]:
+    """Rows and distinct segments (null keys included) in one Spark job."""
+    from pyspark.sql import functions as F
+
+    row = df.agg(
+        F.count(F.lit(1)).alias("rows"),
+        F.count_distinct(F.struct(*segment_by)).alias("segments"),
+    ).first()
+    return int(row["rows"]), int(row["segments"])
+
+
+def lay_out_by_segment(
+    df: DataFrame, segment_by: Sequence[str], num_partitions: int
+) -> DataFrame:
+    """Range-partition by the segment key and sort within partitions.
+
+    Range partitioning puts every key in exactly one partition and balances partition
+    sizes by sampling; sorting makes each segment a contiguous run of rows.
+    """
+    return df.repartitionByRange(num_partitions, *segment_by).sortWithinPartitions(
+        *segment_by
+    )
+
+
+# --------------------------------------------------------------------------- blocks
+
+
+def segment_starts(table: pa.Table, segment_by: Sequence[str]) -> list[int]:
+    """Row offsets where a new segment begins in a table sorted by the segment key.
+
+    Nulls compare equal to nulls, so rows with a null key form one segment.
+    """
+    n = table.num_rows
+    if n == 0:
+        return []
+    changed = pa.array([False] * (n - 1), type=pa.bool_())
+    for name in segment_by:
+        column = table.column(name).combine_chunks()
+        head, tail = column.slice(0, n - 1), column.slice(1)
+        differs = pc.fill_null(pc.not_equal(head, tail), False)
+        null_flip = pc.xor(pc.is_null(head), pc.is_null(tail))
+        changed = pc.or_(changed, pc.or_(differs, null_flip))
+    boundaries = pc.indices_nonzero(changed).to_pylist()
+    return [0] + [i + 1 for i in boundaries]
+
+
+def split_into_blocks(
+    table: pa.Table, segment_by: Sequence[str], max_block_rows: int
+) -> list[pa.Table]:
+    """Cut a key-sorted table into blocks of whole segments, at most ``max_block_rows``
+    rows each (a segment larger than that becomes a block of its own)."""
+    starts = segment_starts(table, segment_by)
+    if not starts:
+        return []
+    ends = starts[1:] + [table.num_rows]
+    blocks: list[pa.Table] = []
+    block_start = 0
+    for start, end in zip(starts, ends, strict=True):
+        if end - block_start > max_block_rows and start > block_start:
+            blocks.append(table.slice(block_start, start - block_start))
+            block_start = start
+    blocks.append(table.slice(block_start, table.num_rows - block_start))
+    return blocks
+
+
+def normalize_types(table: pa.Table) -> pa.Table:
+    """Give every strategy the same Arrow types: UTC timestamps in microseconds, and
+    plain strings/binary instead of their large variants."""
+    fields = []
+    for f in table.schema:
+        t = f.type
+        if pa.types.is_timestamp(t):
+            t = pa.timestamp("us", tz="UTC" if t.tz else None)
+        elif pa.types.is_large_string(t):
+            t = pa.string()
+        elif pa.types.is_large_binary(t):
+            t = pa.binary()
+        fields.append(pa.field(f.name, t, f.nullable))
+    target = pa.schema(fields)
+    return table if target.equals(table.schema) else table.cast(target)
+
+
+def _read_parquet_blocks(path: str, segment_by: list[str], max_block_rows: int):
+    """Ray task body: one staged Parquet file -> segment-aligned blocks."""
+    import pyarrow.parquet as pq
+
+    table = normalize_types(pq.read_table(path))
+    # Ray's streaming generators need a plain yield, not `yield from`.
+    for block in split_into_blocks(table, segment_by, max_block_rows):  # noqa: UP028
+        yield block
+
+
+def _read_chunk_blocks(chunk_ids: list[str], segment_by: list[str], max_block_rows: int):
+    """Ray task body: Databricks Arrow chunks of one partition -> segment-aligned blocks."""
+    from pyspark.sql.chunk_api import read_chunk  # Databricks Runtime only
+
+    table = pa.concat_tables([read_chunk(chunk_id) for chunk_id in chunk_ids])
+    for block in split_into_blocks(normalize_types(table), segment_by, max_block_rows):  # noqa: UP028
+        yield block
+
+
+# --------------------------------------------------------------------------- transfer
+
+
+def _gather_blocks(read_fn, items: list, segment_by: list[str], max_block_rows: int):
+    """Run ``read_fn`` as a streaming Ray task per item; return the block references."""
+    import ray
+
+    reader = ray.remote(num_returns="streaming", max_retries=3)(read_fn)
+    generators = [reader.remote(item, segment_by, max_block_rows) for item in items]
+    refs = [ref for generator in generators for ref in generator]
+    ray.wait(refs, num_returns=len(refs), fetch_local=False)
+    return refs
+
+
+def stage_as_parquet(df: DataFrame, staging_dir: str) -> list[str]:
+    """Write the laid-out DataFrame as one Parquet file per partition; list the files."""
+    spark = df.sparkSession
+    key = "spark.sql.parquet.outputTimestampType"
+    previous = spark.conf.get(key, None)
+    spark.conf.set(key, "TIMESTAMP_MICROS")
+    try:
+        df.write.mode("overwrite").parquet(staging_dir)
+    finally:
+        if previous is None:
+            spark.conf.unset(key)
+        else:
+            spark.conf.set(key, previous)
+    local_dir = staging_dir.removeprefix("file:").removeprefix("dbfs:")
+    return sorted(
+        os.path.join(local_dir, name)
+        for name in os.listdir(local_dir)
+        if name.endswith(".parquet") and not name.startswith(("_", "."))
+    )
+
+
+def default_staging_root() -> str:
+    """Where Parquet staging goes when no ``staging_dir`` is given: a local temp dir.
+
+    On Databricks a Unity Catalog volume path must be given instead (workers do not
+    share the driver's local disk).
+    """
+    if in_databricks_runtime():
+        raise DataError(
+            "Parquet staging on Databricks needs a shared location: set data.staging_dir "
+            "to a Unity Catalog volume path such as /Volumes/<catalog>/<schema>/<volume>/"
+            "raybricks, or enable the chunk API "
+            "(spark.databricks.pyspark.dataFrameChunk.enabled=true)"
+        )
+    return tempfile.gettempdir()
+
+
+@contextlib.contextmanager
+def staging_directory(root: str | None) -> Iterator[str]:
+    """A unique directory under ``root`` (one per call: concurrent jobs never collide),
+    removed afterwards whatever happens."""
+    root = root or default_staging_root()
+    path = os.path.join(root, f"raybricks-staging-{uuid.uuid4().hex}")
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path.removeprefix("file:").removeprefix("dbfs:"), ignore_errors=True)
+
+
+def _blocks_via_parquet(df, segment_by, max_block_rows, staging_dir):
+    with staging_directory(staging_dir) as path:
+        files = stage_as_parquet(df, path)
+        return _gather_blocks(_read_parquet_blocks, files, segment_by, max_block_rows)
+
+
+def _blocks_via_chunks(df, segment_by, max_block_rows, num_rows):
+    from pyspark.sql.chunk_api import persist_dataframe_as_chunks  # Databricks Runtime only
+
+    # Chunks never span partitions; allowing a chunk the whole table's rows keeps each
+    # partition in one chunk, and the reader cuts it at segment boundaries.
+    metas = persist_dataframe_as_chunks(df, max(num_rows, 1))
+    return _gather_blocks(
+        _read_chunk_blocks, [[m.id] for m in metas], segment_by, max_block_rows
+    )
+
+
+def _blocks_via_arrow(df, segment_by, max_block_rows):
+    import ray
+
+    table = normalize_types(df.toArrow())
+    return [ray.put(block) for block in split_into_blocks(table, segment_by, max_block_rows)]
+
+
+def choose_strategy(
+    requested: Strategy, spark: SparkSession, num_rows: int, arrow_max_rows: int
+) -> str:
+    """Resolve ``auto`` and refuse a strategy that cannot work here."""
+    if requested == "chunks" and not chunk_api_available(spark):
+        raise DataError(
+            "strategy='chunks' needs Databricks Runtime ML 15+ with "
+            "spark.databricks.pyspark.dataFrameChunk.enabled=true: use 'parquet' or 'auto'"
+        )
+    if requested == "arrow" and num_rows > arrow_max_rows:
+        raise DataError(
+            f"strategy='arrow' collects the table on the driver and is limited to "
+            f"{arrow_max_rows:,} rows (this one has {num_rows:,}): use 'parquet' or 'auto', "
+            "or raise arrow_max_rows"
+        )
+    if requested != "auto":
+        return requested
+    if chunk_api_available(spark):
+        return "chunks"
+    return "arrow" if num_rows <= arrow_max_rows else "parquet"
+
+
+def to_ray_dataset(
+    source: DataFrame | str,
+    segment_by: Sequence[str],
+    columns: Sequence[str] | None = None,
+    where: str | None = None,
+    *,
+    strategy: Strategy = "auto",
+    max_block_rows: int = DEFAULT_MAX_BLOCK_ROWS,
+    min_blocks: int | None = None,
+    arrow_max_rows: int = DEFAULT_ARROW_MAX_ROWS,
+    staging_dir: str | None = None,
+    spark: SparkSession | None = None,
+) -> SegmentedDataset:
+    """Turn a Spark DataFrame or table into a Ray Dataset of whole-segment blocks.
+
+    ``columns``: the columns to keep besides ``segment_by`` (default: all). ``where``: a
+    Spark SQL predicate applied before anything moves. ``min_blocks``: at least this many
+    Spark partitions (default: twice Ray's CPUs), so every Ray CPU gets work. Ray must
+    be initialised (see ``raybricks.cluster``).
+    """
+    import ray
+
+    if max_block_rows < 1:
+        raise DataError(f"max_block_rows={max_block_rows} must be at least 1")
+    if not ray.is_initialized():
+        raise DataError(
+            "Ray is not running: start it first with raybricks.cluster.ray_cluster() "
+            "(or start_ray())"
+        )
+    df = resolve_source(source, spark)
+    df = select_and_filter(df, segment_by, columns, where)
+    segment_by = [df.columns[i] for i in range(len(list(segment_by)))]
+    num_rows, num_segments = count_rows_and_segments(df, segment_by)
+    if num_rows == 0:
+        what = f"the filter where={where!r} matched no rows" if where else "the table is empty"
+        raise DataError(f"nothing to train on: {what}; check the source and the predicate")
+    chosen = choose_strategy(strategy, df.sparkSession, num_rows, arrow_max_rows)
+    if min_blocks is None:
+        min_blocks = 2 * int(ray.cluster_resources().get("CPU", 1))
+    partitions = min(max(math.ceil(num_rows / max_block_rows), min_blocks), num_segments)
+    laid_out = lay_out_by_segment(df, segment_by, partitions)
+    log.info(
+        "moving %d rows / %d segments to Ray via %s in %d partitions",
+        num_rows, num_segments, chosen, partitions,
+    )
+    if chosen == "parquet":
+        refs = _blocks_via_parquet(laid_out, segment_by, max_block_rows, staging_dir)
+    elif chosen == "chunks":
+        refs = _blocks_via_chunks(laid_out, segment_by, max_block_rows, num_rows)
+    else:
+        refs = _blocks_via_arrow(laid_out, segment_by, max_block_rows)
+    dataset = ray.data.from_arrow_refs(refs)
+    return SegmentedDataset(dataset, segment_by, chosen, num_rows, num_segments, len(refs))
+
+
+def _first_line(exc: BaseException) -> str:
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__

@@ -1,0 +1,21 @@
+"""Errors raybricks raises on purpose: each names the problem and the fix."""
+
+
+class RaybricksError(Exception):
+    """Base class of every error raybricks raises deliberately."""
+
+
+class ConfigError(RaybricksError, ValueError):
+    """The job or cluster configuration is invalid."""
+
+
+class SetupError(RaybricksError):
+    """The machine lacks something raybricks needs (Java, a SparkSession, ...)."""
+
+
+class ClusterError(RaybricksError):
+    """Ray could not be started, sized or connected as asked."""
+
+
+class DataError(RaybricksError, ValueError):
+    """The input table cannot be turned into segments as asked."""

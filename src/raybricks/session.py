@@ -1,0 +1,113 @@
+"""The local Spark stack: Java check, executor environment, and a local SparkSession.
+
+On Databricks the SparkSession already exists; locally raybricks builds one that is
+ready for Ray on Spark (executors run this interpreter and find the ``ray`` CLI).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from raybricks.errors import SetupError
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+MIN_JAVA = 17
+JAVA_HINT = (
+    f"install a Java {MIN_JAVA}+ runtime (e.g. `apt-get install openjdk-{MIN_JAVA}-jre-headless` "
+    f"or `brew install openjdk@{MIN_JAVA}`) and put it on PATH or set JAVA_HOME"
+)
+
+
+def java_version() -> int | None:
+    """The major version of the Java that Spark will use, or None when there is none."""
+    home = os.environ.get("JAVA_HOME")
+    java = str(Path(home) / "bin" / "java") if home else shutil.which("java")
+    if not java or not Path(java).exists():
+        return None
+    try:
+        out = subprocess.run(
+            [java, "-version"], capture_output=True, text=True, timeout=30
+        ).stderr
+    except (OSError, subprocess.SubprocessError):
+        return None
+    match = re.search(r'version "(\d+)(?:\.(\d+))?', out)
+    if not match:
+        return None
+    major = int(match.group(1))
+    return int(match.group(2)) if major == 1 and match.group(2) else major
+
+
+def check_java() -> int:
+    """Raise a one-line error when Java is missing or older than Spark needs."""
+    version = java_version()
+    if version is None:
+        raise SetupError(f"Java not found: {JAVA_HINT}.")
+    if version < MIN_JAVA:
+        raise SetupError(f"Java {version} is too old for Spark 4: {JAVA_HINT}.")
+    return version
+
+
+def prepare_executor_environment() -> dict[str, str]:
+    """Make Spark's Python workers run this interpreter with its ``bin`` first on PATH.
+
+    Ray on Spark starts ``ray`` processes from inside Spark tasks; they must use the same
+    virtual environment as the driver. Only effective before the Spark JVM starts.
+    """
+    venv_bin = str(Path(sys.executable).parent)
+    path = os.environ.get("PATH", "")
+    if venv_bin not in path.split(os.pathsep):
+        os.environ["PATH"] = venv_bin + os.pathsep + path
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    return {"PYSPARK_PYTHON": os.environ["PYSPARK_PYTHON"], "PATH": os.environ["PATH"]}
+
+
+def active_spark() -> SparkSession | None:
+    """The active SparkSession, if any (a notebook's ``spark``, or one made here)."""
+    from pyspark.sql import SparkSession
+
+    return SparkSession.getActiveSession()
+
+
+def local_spark_session(
+    cores: int | None = None,
+    driver_memory: str = "4g",
+    warehouse_dir: str | None = None,
+    app_name: str = "raybricks",
+) -> SparkSession:
+    """Return the active SparkSession, or start a local one ready for Ray on Spark.
+
+    ``cores`` sets ``local[N]`` (default: every core). Tables written with
+    ``saveAsTable`` land in ``warehouse_dir`` (default ``./spark-warehouse``).
+    """
+    existing = active_spark()
+    if existing is not None:
+        return existing
+    check_java()
+    env = prepare_executor_environment()
+    from pyspark.sql import SparkSession
+
+    builder = (
+        SparkSession.builder.master(f"local[{cores or os.cpu_count() or 1}]")
+        .appName(app_name)
+        .config("spark.driver.memory", driver_memory)
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+        .config("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.pyspark.python", env["PYSPARK_PYTHON"])
+        .config("spark.executorEnv.PATH", env["PATH"])
+    )
+    if warehouse_dir:
+        builder = builder.config("spark.sql.warehouse.dir", str(Path(warehouse_dir).resolve()))
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark

@@ -1,0 +1,248 @@
+"""Ray lifecycle: Ray on real local Spark, connecting by address, a plain local Ray."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from raybricks.cluster import (
+    SparkCapacity,
+    disable_ray_token_auth,
+    forwarded_env,
+    ray_on_spark_arguments,
+    spark_capacity,
+    start_ray,
+)
+from raybricks.config import ClusterConfig
+from raybricks.errors import ClusterError, SetupError
+
+
+def clean_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """This process's environment without the Ray settings the session cluster put there."""
+    base = {k: v for k, v in os.environ.items() if k not in ("RAY_AUTH_MODE", "RAY_ADDRESS")}
+    return {**base, **(extra or {})}
+
+
+def run_python(code: str, env: dict[str, str] | None = None, timeout: int = 180):
+    """Run a snippet in a fresh interpreter of this venv (its own Ray, its own state)."""
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=clean_env(env),
+    )
+
+
+def test_ray_on_spark_runs_tasks_on_every_cpu(ray_on_spark):
+    import ray
+
+    assert ray_on_spark.mode == "spark"
+    assert ray_on_spark.num_cpus == 2  # local[2]: every core
+    # One Ray worker node runs inside a Spark task, the head on the driver.
+    nodes = [n for n in ray.nodes() if n["Alive"]]
+    assert len(nodes) == 2
+
+    @ray.remote
+    def square(x):
+        return x * x
+
+    assert ray.get([square.remote(i) for i in range(20)]) == [i * i for i in range(20)]
+
+
+def test_mlflow_and_databricks_env_reach_ray_workers(ray_on_spark):
+    import ray
+
+    @ray.remote
+    def read_env():
+        return os.environ.get("MLFLOW_TRACKING_URI")
+
+    assert ray.get(read_env.remote()) == os.environ["MLFLOW_TRACKING_URI"]
+
+
+def test_forwarded_env_picks_mlflow_and_databricks_only(monkeypatch):
+    monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", "x")
+    monkeypatch.setenv("DATABRICKS_TOKEN", "t")
+    monkeypatch.setenv("UNRELATED_SECRET", "no")
+    env = forwarded_env(["MY_EXTRA"])
+    assert env["MLFLOW_EXPERIMENT_NAME"] == "x"
+    assert env["DATABRICKS_TOKEN"] == "t"
+    assert "UNRELATED_SECRET" not in env
+
+
+def test_second_start_while_ray_runs_is_refused(ray_on_spark):
+    with pytest.raises(ClusterError, match="already initialised"):
+        start_ray(ClusterConfig(mode="local"))
+
+
+def test_spark_capacity_of_local_mode(spark):
+    capacity = spark_capacity(spark)
+    assert capacity.local_mode
+    assert capacity.total_slots == 2
+    assert capacity.cores_per_worker == 2
+
+
+def test_local_mode_sizing_gives_ray_every_core_and_leaves_spark_a_slot():
+    args = ray_on_spark_arguments(ClusterConfig(), SparkCapacity(True, 1, 4, 4, 1))
+    assert args["max_worker_nodes"] == 1
+    assert args["num_cpus_head_node"] == 3
+    assert "num_cpus_worker_node" not in args
+
+
+def test_local_mode_rejects_worker_cpus():
+    with pytest.raises(ClusterError, match="local mode"):
+        ray_on_spark_arguments(
+            ClusterConfig(num_cpus_worker_node=2), SparkCapacity(True, 1, 2, 2, 1)
+        )
+
+
+def test_more_nodes_than_spark_slots_is_refused():
+    with pytest.raises(ClusterError, match="task slots"):
+        ray_on_spark_arguments(ClusterConfig(max_worker_nodes=3), SparkCapacity(True, 1, 2, 2, 1))
+    with pytest.raises(ClusterError, match="more than the Spark cluster has"):
+        ray_on_spark_arguments(
+            ClusterConfig(max_worker_nodes=5), SparkCapacity(False, 2, 8, 8, 1)
+        )
+    with pytest.raises(ClusterError, match="more than a Spark worker has"):
+        ray_on_spark_arguments(
+            ClusterConfig(num_cpus_worker_node=16), SparkCapacity(False, 2, 8, 8, 1)
+        )
+
+
+def test_cluster_sizing_defaults_to_one_ray_node_per_spark_worker():
+    args = ray_on_spark_arguments(ClusterConfig(), SparkCapacity(False, 3, 8, 8, 1))
+    assert args["max_worker_nodes"] == 3
+    assert args["num_cpus_worker_node"] == 8
+    autoscaling = ray_on_spark_arguments(
+        ClusterConfig(min_worker_nodes=1, max_worker_nodes=6, num_cpus_worker_node=4,
+                      memory_worker_node="8GiB"),
+        SparkCapacity(False, 2, 8, 8, 1),
+    )
+    assert autoscaling["min_worker_nodes"] == 1
+    assert autoscaling["max_worker_nodes"] == 6
+    assert autoscaling["memory_worker_node"] == 8 * 1024**3
+
+
+def test_config_errors_name_the_key():
+    with pytest.raises(ValueError, match="min_worker_nodes"):
+        ClusterConfig(min_worker_nodes=4, max_worker_nodes=2)
+    with pytest.raises(ValueError, match="cluster.address"):
+        ClusterConfig(mode="address")
+    with pytest.raises(ValueError, match="extra"):
+        ClusterConfig(max_workers=2)
+
+
+def test_token_auth_is_pinned_off_unless_the_user_chose(monkeypatch):
+    monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
+    disable_ray_token_auth()
+    assert os.environ["RAY_AUTH_MODE"] == "disabled"
+    monkeypatch.setenv("RAY_AUTH_MODE", "token")
+    disable_ray_token_auth()
+    assert os.environ["RAY_AUTH_MODE"] == "token"
+
+
+def test_spark_mode_without_spark_session_is_a_clear_error():
+    result = run_python(
+        """
+        from raybricks.cluster import start_ray
+        from raybricks.config import ClusterConfig
+        from raybricks.errors import SetupError
+        try:
+            start_ray(ClusterConfig(mode="spark"))
+        except SetupError as exc:
+            print("ERR", exc)
+        """
+    )
+    assert "ERR no active SparkSession" in result.stdout, result.stderr
+
+
+def test_connect_by_address_from_another_process(ray_on_spark):
+    result = run_python(
+        f"""
+        import ray
+        from raybricks.cluster import ray_cluster
+        from raybricks.config import ClusterConfig
+        with ray_cluster(ClusterConfig(mode="address", address="{ray_on_spark.address}")) as c:
+            print("CPUS", c.num_cpus, ray.get(ray.put(41)) + 1)
+        print("AFTER", ray.is_initialized())
+        """
+    )
+    assert "CPUS 2 42" in result.stdout, result.stderr
+    assert "AFTER False" in result.stdout
+    # the cluster we connected to is not ours to stop
+    import ray
+
+    assert ray.is_initialized() and ray.cluster_resources()["CPU"] == 2
+
+
+def test_local_ray_despite_stale_auth_token_and_shutdown_on_error(tmp_path):
+    home = tmp_path / "home"
+    (home / ".ray").mkdir(parents=True)
+    (home / ".ray" / "auth_token").write_text("stale-token-from-an-earlier-ray-init")
+    result = run_python(
+        """
+        import ray
+        from raybricks.cluster import ray_cluster
+        from raybricks.config import ClusterConfig
+        try:
+            with ray_cluster(ClusterConfig(mode="local", num_cpus=1)) as c:
+                print("CPUS", c.num_cpus, ray.get(ray.put("ok")))
+                raise RuntimeError("boom")
+        except RuntimeError:
+            print("AFTER", ray.is_initialized())
+        """,
+        env={"HOME": str(home)},
+    )
+    assert "CPUS 1 ok" in result.stdout, result.stderr
+    assert "AFTER False" in result.stdout
+
+
+def test_sigterm_shuts_local_ray_down(tmp_path):
+    script = tmp_path / "hold.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import time, ray
+            from raybricks.cluster import ray_cluster
+            from raybricks.config import ClusterConfig
+            try:
+                with ray_cluster(ClusterConfig(mode="local", num_cpus=1)):
+                    print("READY", flush=True)
+                    time.sleep(120)
+            except KeyboardInterrupt:
+                print("INTERRUPTED", ray.is_initialized(), flush=True)
+            """
+        )
+    )
+    proc = subprocess.Popen(
+        [sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+        text=True, env=clean_env(),
+    )
+    deadline = time.time() + 120
+    line = ""
+    while time.time() < deadline and "READY" not in line:
+        line = proc.stdout.readline()
+    assert "READY" in line
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=60)
+    assert "INTERRUPTED False" in out
+
+
+def test_missing_java_is_one_clear_line(monkeypatch, tmp_path):
+    from raybricks import session
+
+    monkeypatch.setenv("JAVA_HOME", str(tmp_path / "nojava"))
+    with pytest.raises(SetupError, match="Java not found: install a Java 17"):
+        session.check_java()
+    result = subprocess.run(
+        ["sh", "scripts/check-java"], capture_output=True, text=True,
+        env={**os.environ, "JAVA_HOME": str(tmp_path / "nojava")},
+    )
+    assert result.returncode == 1
+    assert result.stderr.count("\n") == 1 and "install Java 17+" in result.stderr
