@@ -61,7 +61,7 @@ def test_every_row_arrives_in_whole_segment_blocks(ray_on_spark, sales, strategy
     assert segmented.strategy == strategy
     blocks = blocks_of(segmented)
     seen = assert_segment_aligned(blocks, ["store", "item"], 1_000)
-    assert len(seen) == segmented.num_segments == 3 * 40 + 1
+    assert len(seen) == segmented.count_segments() == 3 * 40 + 1
     assert (None, "item/ü-0") in seen  # null keys are a segment of their own
     assert sum(b.num_rows for b in blocks) == segmented.num_rows == sales.count()
     got = [row for b in blocks for row in zip(*b.to_pydict().values(), strict=True)]
@@ -87,7 +87,7 @@ def test_table_name_source_and_staging_is_removed(ray_on_spark, sales, spark, tm
         "sales_for_data_test", ["store"], strategy="parquet", staging_dir=str(staging)
     )
     assert segmented.num_rows == sales.count()
-    assert segmented.num_segments == 4
+    assert segmented.count_segments() == 4
     assert os.listdir(staging) == []  # blocks live in Ray; the Parquet files are gone
     assert sum(b.num_rows for b in blocks_of(segmented)) == segmented.num_rows
 
@@ -181,3 +181,10 @@ def test_split_into_blocks_keeps_segments_whole_and_bounds_size():
     assert pa.concat_tables(blocks).equals(table)
     two_keys = pa.table({"a": [1, 1, 1, 2], "b": ["x", "x", "y", "y"]})
     assert [b.num_rows for b in split_into_blocks(two_keys, ["a", "b"], 1)] == [2, 1, 1]
+
+
+def test_segment_count_agrees_between_spark_and_ray(ray_on_spark, sales):
+    from raybricks.data import count_segments
+
+    segmented = to_ray_dataset(sales, ["store", "item"], strategy="parquet", max_block_rows=500)
+    assert segmented.count_segments() == count_segments(sales, ["store", "item"]) == 121

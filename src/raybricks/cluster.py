@@ -115,8 +115,10 @@ def spark_capacity(spark: SparkSession) -> SparkCapacity:
     local = re.fullmatch(r"local(?:\[(\*|\d+)(?:,\d+)?\])?", master)
     if local:
         raw = local.group(1)
-        cores = 1 if raw is None else (os.cpu_count() or 1) if raw == "*" else int(raw)
-        return SparkCapacity(True, 1, max(cores // task_cpus, 1), cores, task_cpus)
+        machine = os.cpu_count() or 1
+        slots = 1 if raw is None else machine if raw == "*" else int(raw)
+        # local[N] may have more slots than the machine has cores; Ray gets the cores.
+        return SparkCapacity(True, 1, max(slots // task_cpus, 1), min(slots, machine), task_cpus)
     executors = _executor_count(spark)
     cores = int(conf.get("spark.executor.cores", "0")) or max(
         sc.defaultParallelism // max(executors, 1), 1

@@ -68,12 +68,26 @@ class SegmentedDataset:
     segment_by: list[str]
     strategy: str
     num_rows: int
-    num_segments: int
     num_blocks: int
 
     @property
     def schema(self) -> pa.Schema:
         return self.dataset.schema().base_schema
+
+    def block_refs(self) -> list:
+        """References to the blocks (Arrow tables), in order."""
+        return self.dataset.to_arrow_refs()
+
+    def count_segments(self) -> int:
+        """Distinct segments across all blocks, counted by Ray tasks next to the data."""
+        import ray
+
+        counter = ray.remote(_count_block_segments)
+        return sum(ray.get([counter.remote(ref, self.segment_by) for ref in self.block_refs()]))
+
+
+def _count_block_segments(block: pa.Table, segment_by: list[str]) -> int:
+    return len(segment_starts(block, segment_by))
 
 
 # --------------------------------------------------------------------------- input
@@ -133,28 +147,22 @@ def select_and_filter(
     return df.select(*[available[c.lower()] for c in wanted])
 
 
-def count_rows_and_segments(df: DataFrame, segment_by: Sequence[str]) -> tuple[int, int]:
-    """Rows and distinct segments (null keys included) in one Spark job."""
+def count_segments(df: DataFrame, segment_by: Sequence[str]) -> int:
+    """Distinct segments in a DataFrame, null keys included (one Spark job)."""
     from pyspark.sql import functions as F
 
-    row = df.agg(
-        F.count(F.lit(1)).alias("rows"),
-        F.count_distinct(F.struct(*segment_by)).alias("segments"),
-    ).first()
-    return int(row["rows"]), int(row["segments"])
+    return int(df.agg(F.count_distinct(F.struct(*segment_by))).first()[0])
 
 
 def lay_out_by_segment(
     df: DataFrame, segment_by: Sequence[str], num_partitions: int
 ) -> DataFrame:
-    """Range-partition by the segment key and sort within partitions.
+    """Hash-partition by the segment key and sort within partitions.
 
-    Range partitioning puts every key in exactly one partition and balances partition
-    sizes by sampling; sorting makes each segment a contiguous run of rows.
+    Every key lands in exactly one partition and each segment becomes a contiguous run
+    of rows. Uneven partitions are fine: readers cut them into bounded blocks.
     """
-    return df.repartitionByRange(num_partitions, *segment_by).sortWithinPartitions(
-        *segment_by
-    )
+    return df.repartition(num_partitions, *segment_by).sortWithinPartitions(*segment_by)
 
 
 # --------------------------------------------------------------------------- blocks
@@ -375,18 +383,17 @@ def to_ray_dataset(
     df = resolve_source(source, spark)
     df = select_and_filter(df, segment_by, columns, where)
     segment_by = [df.columns[i] for i in range(len(list(segment_by)))]
-    num_rows, num_segments = count_rows_and_segments(df, segment_by)
+    num_rows = df.count()
     if num_rows == 0:
         what = f"the filter where={where!r} matched no rows" if where else "the table is empty"
         raise DataError(f"nothing to train on: {what}; check the source and the predicate")
     chosen = choose_strategy(strategy, df.sparkSession, num_rows, arrow_max_rows)
     if min_blocks is None:
         min_blocks = 2 * int(ray.cluster_resources().get("CPU", 1))
-    partitions = min(max(math.ceil(num_rows / max_block_rows), min_blocks), num_segments)
+    partitions = max(math.ceil(num_rows / max_block_rows), min_blocks)
     laid_out = lay_out_by_segment(df, segment_by, partitions)
     log.info(
-        "moving %d rows / %d segments to Ray via %s in %d partitions",
-        num_rows, num_segments, chosen, partitions,
+        "moving %d rows to Ray via %s in %d partitions", num_rows, chosen, partitions
     )
     if chosen == "parquet":
         refs = _blocks_via_parquet(laid_out, segment_by, max_block_rows, staging_dir)
@@ -395,7 +402,7 @@ def to_ray_dataset(
     else:
         refs = _blocks_via_arrow(laid_out, segment_by, max_block_rows)
     dataset = ray.data.from_arrow_refs(refs)
-    return SegmentedDataset(dataset, segment_by, chosen, num_rows, num_segments, len(refs))
+    return SegmentedDataset(dataset, segment_by, chosen, num_rows, len(refs))
 
 
 def _first_line(exc: BaseException) -> str:

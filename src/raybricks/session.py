@@ -85,8 +85,10 @@ def local_spark_session(
 ) -> SparkSession:
     """Return the active SparkSession, or start a local one ready for Ray on Spark.
 
-    ``cores`` sets ``local[N]`` (default: every core). Tables written with
-    ``saveAsTable`` land in ``warehouse_dir`` (default ``./spark-warehouse``).
+    ``cores`` sets the task slots, ``local[N]``. The default is one slot per core plus
+    one: Ray on Spark holds a slot for its worker node for as long as Ray runs, and Spark
+    keeps one per core for reading and staging. Tables written with ``saveAsTable`` land
+    in ``warehouse_dir`` (default ``./spark-warehouse``).
     """
     existing = active_spark()
     if existing is not None:
@@ -96,7 +98,7 @@ def local_spark_session(
     from pyspark.sql import SparkSession
 
     builder = (
-        SparkSession.builder.master(f"local[{cores or os.cpu_count() or 1}]")
+        SparkSession.builder.master(f"local[{cores or (os.cpu_count() or 1) + 1}]")
         .appName(app_name)
         .config("spark.driver.memory", driver_memory)
         .config("spark.sql.session.timeZone", "UTC")
