@@ -13,8 +13,9 @@ x1..x3 -> y, validation MAE):
 
 Only the training is timed: the Spark DataFrame is cached and counted, the Ray Dataset
 materialized, the segment frames put in Ray's object store and the raybricks dataset
-converted before the clock starts. Every method is warmed up once on a tiny table first
-(Python workers started, libraries imported), so the numbers are steady-state throughput.
+converted before the clock starts. Every timed run follows an untimed run of the same
+method on a tiny table (Python workers started, libraries imported), so the numbers are
+steady-state throughput, not start-up cost.
 The results of every peer are checked against ``sequential`` (same segments, MAE within
 1e-9); raybricks only has to report every segment as trained (its split may differ).
 
@@ -24,7 +25,7 @@ applyInPandas fewer cores than it has. Ray on Spark is then started once for all
 methods and sizes. BLAS/OpenMP are pinned to one thread so no method oversubscribes.
 
 Usage: ``python bench/bench_training.py [--sizes 2000x200,20000x50] [--repeats 1]
-[--only raybricks,spark_applyInPandas]``.
+[--only raybricks,spark_applyInPandas] [--map-groups-partitions N]``.
 """
 
 from __future__ import annotations
@@ -37,7 +38,9 @@ for _var in THREAD_VARS:
     os.environ[_var] = "1"
 
 import argparse  # noqa: E402
+import contextlib  # noqa: E402
 import importlib  # noqa: E402
+import io  # noqa: E402
 import platform  # noqa: E402
 import sys  # noqa: E402
 from collections.abc import Callable  # noqa: E402
@@ -116,6 +119,7 @@ class Case:
     rows_per_segment: int
     pdf: pd.DataFrame
     spark: Any
+    map_groups_partitions: int | None = None
     _sdf: Any = field(default=None, repr=False)
 
     @property
@@ -161,7 +165,9 @@ def run_ray_data_map_groups(case: Case, out: list[Measurement]) -> pd.DataFrame:
     ds = ray.data.from_pandas(case.pdf).materialize()
     with measured("ray_data_map_groups", case.segments, out, size=case.label):
         result = (
-            ds.groupby("seg").map_groups(fit_one_segment_frame, batch_format="pandas").to_pandas()
+            ds.groupby("seg", num_partitions=case.map_groups_partitions)
+            .map_groups(fit_one_segment_frame, batch_format="pandas")
+            .to_pandas()
         )
     del ds
     return result
@@ -189,7 +195,7 @@ def raybricks_config():
             "target": TARGET,
             "features": FEATURES,
             "task": "regression",
-            "validation": {"method": "holdout", "fraction": 1 - TRAIN_FRACTION, "metric": "mae"},
+            "validation": {"method": "holdout", "fraction": 0.2, "metric": "mae"},
             "models": [
                 {
                     "name": "lr",
@@ -344,27 +350,39 @@ def run_methods(
     references: dict[str, pd.DataFrame],
     results: dict[str, list[Measurement]],
 ) -> None:
-    """Time ``methods`` on every case (best of ``repeats``) and check their results."""
+    """Time ``methods`` on every case (best of ``repeats``) and check their results.
+
+    Each timed run is preceded by an untimed run of the same method on a tiny table, so
+    its Python workers are up and have imported pandas and scikit-learn.
+    """
+    if not methods:
+        return
+    tiny = Case(8, 20, make_data(8, 20, seed=1), cases[0].spark, cases[0].map_groups_partitions)
+    tiny_reference = pd.DataFrame([fit_one_segment(g) for _, g in tiny.pdf.groupby("seg")])
     for case in cases:
         print(f"\n== {case.label}: {case.segments:,} segments x {case.rows_per_segment} rows")
 
         def run(out: list[Measurement], case: Case = case) -> None:
             for name in methods:
+                with contextlib.redirect_stdout(io.StringIO()):  # warm-up, not reported
+                    verify(name, PEERS[name](tiny, []), tiny_reference)
                 result = PEERS[name](case, out)
                 if name == BASELINE:
                     references[case.label] = result.sort_values("seg").reset_index(drop=True)
                 verify(name, result, references[case.label])
 
         results[case.label].extend(best_of(repeats, run))
+    tiny.release()
 
 
-def warm_up(spark, methods: list[str]) -> None:
-    """Run each method once, untimed, on a tiny table: workers up, libraries imported."""
-    case = Case(8, 20, make_data(8, 20, seed=1), spark)
-    reference = pd.DataFrame([fit_one_segment(g) for _, g in case.pdf.groupby("seg")])
-    for name in methods:
-        verify(name, PEERS[name](case, []), reference)
-    case.release()
+def thread_settings(_: Any = None) -> dict[str, str | None]:
+    return {var: os.environ.get(var) for var in THREAD_VARS}
+
+
+def spark_thread_settings(spark) -> dict[str, str | None]:
+    """The thread variables as a Spark Python worker sees them."""
+    rdd = spark.sparkContext.parallelize([0], 1)
+    return rdd.map(thread_settings).collect()[0]
 
 
 def versions() -> dict[str, str]:
@@ -395,6 +413,12 @@ def main() -> None:
     )
     parser.add_argument("--cores", type=int, default=2, help="local Spark cores, local[N]")
     parser.add_argument("--seed", type=int, default=0, help="seed of the synthetic data")
+    parser.add_argument(
+        "--map-groups-partitions",
+        type=int,
+        default=None,
+        help="num_partitions of ray_data_map_groups' groupby (default: Ray's, 200)",
+    )
     args = parser.parse_args()
     sizes = parse_sizes(args.sizes)
     methods = parse_methods(args.only)
@@ -409,7 +433,9 @@ def main() -> None:
 
     spark = local_spark_session(cores=args.cores, driver_memory="6g")
     cases = [
-        Case(segments, rows, make_data(segments, rows, args.seed), spark)
+        Case(
+            segments, rows, make_data(segments, rows, args.seed), spark, args.map_groups_partitions
+        )
         for segments, rows in sizes
     ]
     references: dict[str, pd.DataFrame] = {}
@@ -417,19 +443,21 @@ def main() -> None:
 
     # Phase 1, no Ray running: Spark gets all its task slots.
     plain = [name for name in methods if name not in RAY_METHODS]
-    warm_up(spark, plain)
     run_methods(cases, plain, args.repeats, references, results)
 
     # Phase 2: Ray on Spark, started once for every Ray method and size.
     ray_methods = [name for name in methods if name in RAY_METHODS]
     ray_cpus = None
+    worker_threads = None
     if ray_methods:
         import ray
 
         with ray_cluster(ClusterConfig(), spark):
             ray_cpus = int(ray.cluster_resources().get("CPU", 0))
             print(f"\nRay on Spark: {ray_cpus} CPUs")
-            warm_up(spark, ray_methods)
+            # the same for map_groups and raybricks; progress logs would swamp the output
+            ray.data.DataContext.get_current().enable_progress_bars = False
+            worker_threads = ray.get(ray.remote(thread_settings).remote())
             run_methods(cases, ray_methods, args.repeats, references, results)
 
     cores = ray_cpus or args.cores
@@ -453,6 +481,9 @@ def main() -> None:
         "ray_cpus": ray_cpus,
         "spark_master": spark.sparkContext.master,
         "threads": {var: os.environ[var] for var in THREAD_VARS},
+        "threads_in_spark_workers": spark_thread_settings(spark),
+        "threads_in_ray_workers": worker_threads,
+        "map_groups_partitions": args.map_groups_partitions,
         "versions": versions(),
     }
     path = save("training", measurements, meta)

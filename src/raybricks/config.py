@@ -6,9 +6,25 @@ training stage builds on it.
 
 from __future__ import annotations
 
+import copy
+import hashlib
+import json
+from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ByteSize, ConfigDict, Field, PositiveInt, model_validator
+import yaml
+from pydantic import (
+    BaseModel,
+    ByteSize,
+    ConfigDict,
+    Field,
+    PositiveInt,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from raybricks.errors import ConfigError
 
 
 class StrictModel(BaseModel):
@@ -65,3 +81,276 @@ class ClusterConfig(StrictModel):
                 "'host:6379')"
             )
         return self
+
+
+# --------------------------------------------------------------------------- job config
+
+Task = Literal["regression", "binary", "multiclass"]
+METRICS: dict[str, dict] = {
+    # name: tasks it fits, and whether larger is better
+    "rmse": {"tasks": {"regression"}, "greater_is_better": False},
+    "mae": {"tasks": {"regression"}, "greater_is_better": False},
+    "mape": {"tasks": {"regression"}, "greater_is_better": False},
+    "smape": {"tasks": {"regression"}, "greater_is_better": False},
+    "r2": {"tasks": {"regression"}, "greater_is_better": True},
+    "logloss": {"tasks": {"binary", "multiclass"}, "greater_is_better": False},
+    "auc": {"tasks": {"binary", "multiclass"}, "greater_is_better": True},
+    "accuracy": {"tasks": {"binary", "multiclass"}, "greater_is_better": True},
+    "f1": {"tasks": {"binary", "multiclass"}, "greater_is_better": True},
+}
+DEFAULT_METRIC = {"regression": "rmse", "binary": "logloss", "multiclass": "logloss"}
+MODEL_KINDS = ("lightgbm", "xgboost", "sklearn", "function")
+
+
+class SourceConfig(StrictModel):
+    """Where the training rows come from: a table name or a path, and a row filter."""
+
+    table: str | None = None
+    path: str | None = None
+    format: Literal["parquet", "csv", "delta"] = "parquet"
+    where: str | None = None
+
+    @model_validator(mode="after")
+    def _one_location(self) -> SourceConfig:
+        if bool(self.table) == bool(self.path):
+            raise ValueError("source needs exactly one of source.table or source.path")
+        return self
+
+
+class ValidationConfig(StrictModel):
+    """How each segment is validated: random holdout, time-ordered holdout, or k-fold."""
+
+    method: Literal["holdout", "time", "kfold"] = "holdout"
+    fraction: float = Field(default=0.2, gt=0, lt=1)
+    folds: int = Field(default=3, ge=2, le=20)
+    metric: str | None = None
+
+
+class RangeSpace(StrictModel):
+    """A numeric search range; ``log`` samples on a log scale, ``int`` rounds."""
+
+    low: float
+    high: float
+    log: bool = False
+    int: bool = False
+
+    @model_validator(mode="after")
+    def _ordered(self) -> RangeSpace:
+        if not self.low < self.high:
+            raise ValueError(f"search range low={self.low} must be below high={self.high}")
+        if self.log and self.low <= 0:
+            raise ValueError(f"a log search range needs low > 0, got low={self.low}")
+        return self
+
+
+class ResourcesConfig(StrictModel):
+    """Ray resources for one fitting task of a candidate."""
+
+    num_cpus: float = Field(default=1, gt=0)
+    num_gpus: float = Field(default=0, ge=0)
+
+
+class CandidateConfig(StrictModel):
+    """One candidate model kind, fitted for every segment.
+
+    ``kind``: lightgbm | xgboost | sklearn (``estimator``: import path of an estimator
+    class or a factory returning one) | function (``function``: import path of
+    ``fit(X, y, params) -> estimator with predict``). ``search`` maps a parameter to a
+    list of values (grid) or a range; ``trials`` caps the number of sampled settings.
+    """
+
+    name: str = Field(min_length=1)
+    kind: str
+    params: dict[str, object] = Field(default_factory=dict)
+    search: dict[str, list | RangeSpace] = Field(default_factory=dict)
+    trials: PositiveInt | None = None
+    estimator: str | None = None
+    function: str | None = None
+    resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
+
+    @model_validator(mode="after")
+    def _check(self) -> CandidateConfig:
+        if self.kind not in MODEL_KINDS:
+            raise ValueError(
+                f"models[{self.name}].kind={self.kind!r} is unknown; allowed: {list(MODEL_KINDS)}"
+            )
+        if self.kind == "sklearn" and not self.estimator:
+            raise ValueError(
+                f"models[{self.name}] of kind sklearn needs estimator: an import path such as "
+                "sklearn.linear_model.Ridge"
+            )
+        if self.kind == "function" and not self.function:
+            raise ValueError(
+                f"models[{self.name}] of kind function needs function: an import path of "
+                "fit(X, y, params) returning a fitted model"
+            )
+        for key, space in self.search.items():
+            if isinstance(space, list) and not space:
+                raise ValueError(
+                    f"models[{self.name}].search.{key} is empty: give at least one value"
+                )
+        return self
+
+
+class EnsembleConfig(StrictModel):
+    """How a segment's candidates become its model: the best one, the mean of the top
+    ``top_k``, or a mean weighted by inverse validation error."""
+
+    method: Literal["best", "mean", "weighted"] = "best"
+    top_k: PositiveInt = 3
+
+
+class TrainingConfig(StrictModel):
+    """The engine's knobs: large-segment threshold, retries, resume, output location."""
+
+    large_segment_rows: PositiveInt = 1_000_000
+    large_segment_workers: PositiveInt = 2
+    max_retries: int = Field(default=3, ge=0)
+    segment_timeout_s: float | None = Field(default=None, gt=0)
+    output_dir: str = ".raybricks/runs"
+    run_id: str | None = None
+    resume: bool = False
+    progress: bool = True
+
+
+class DataConfig(StrictModel):
+    """How the Spark table moves to Ray (see ``raybricks.data``)."""
+
+    strategy: Literal["auto", "chunks", "parquet", "arrow"] = "auto"
+    max_block_rows: PositiveInt = 200_000
+    staging_dir: str | None = None
+
+
+class RegistryConfig(StrictModel):
+    name: str = "raybricks_model"
+    alias: str = "champion"
+    promote: Literal["if_better", "always", "merge"] = "if_better"
+
+
+class TrackingConfig(StrictModel):
+    experiment: str = "raybricks"
+
+
+class JobConfig(StrictModel):
+    """A whole training job. See the README's config reference for every key."""
+
+    source: SourceConfig
+    segment_by: list[str] = Field(min_length=1)
+    target: str
+    features: list[str] | None = None
+    time_column: str | None = None
+    task: Task = "regression"
+    validation: ValidationConfig = Field(default_factory=ValidationConfig)
+    models: list[CandidateConfig] = Field(min_length=1)
+    ensemble: EnsembleConfig = Field(default_factory=EnsembleConfig)
+    refit: bool = True
+    min_rows: int = 30
+    fallback: Literal["global", "none"] = "none"
+    seed: int = 42
+    cluster: ClusterConfig = Field(default_factory=ClusterConfig)
+    data: DataConfig = Field(default_factory=DataConfig)
+    training: TrainingConfig = Field(default_factory=TrainingConfig)
+    registry: RegistryConfig = Field(default_factory=RegistryConfig)
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig)
+
+    @field_validator("ensemble", mode="before")
+    @classmethod
+    def _ensemble_shorthand(cls, value: object) -> object:
+        return {"method": value} if isinstance(value, str) else value
+
+    @model_validator(mode="after")
+    def _check(self) -> JobConfig:
+        if self.min_rows < 2:
+            raise ValueError(f"min_rows={self.min_rows} must be at least 2")
+        metric = self.validation.metric or DEFAULT_METRIC[self.task]
+        if metric not in METRICS:
+            raise ValueError(
+                f"validation.metric={metric!r} is unknown; allowed: {sorted(METRICS)}"
+            )
+        if self.task not in METRICS[metric]["tasks"]:
+            fitting = sorted(m for m, info in METRICS.items() if self.task in info["tasks"])
+            raise ValueError(
+                f"validation.metric={metric!r} does not fit task={self.task!r}; use one of "
+                f"{fitting}"
+            )
+        if self.validation.metric is None:
+            self.validation.metric = metric
+        if self.features is not None:
+            if not self.features:
+                raise ValueError("features is empty: list features, or omit it for all")
+            clash = {self.target} & set(self.features)
+            if clash:
+                raise ValueError(f"target {self.target!r} is listed among features: remove it")
+            keys = set(self.segment_by) & set(self.features)
+            if keys:
+                raise ValueError(f"segment columns {sorted(keys)} are listed among features")
+        if self.target in self.segment_by:
+            raise ValueError(f"target {self.target!r} is also a segment column")
+        if self.validation.method == "time" and not self.time_column:
+            raise ValueError("validation.method=time needs time_column")
+        names = [m.name for m in self.models]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ValueError(f"duplicate candidate names in models: {duplicates}")
+        return self
+
+    @property
+    def metric(self) -> str:
+        return self.validation.metric or DEFAULT_METRIC[self.task]
+
+    def config_hash(self) -> str:
+        """A short stable hash of the config (used to tag runs and versions)."""
+        payload = json.dumps(self.model_dump(mode="json"), sort_keys=True)
+        return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+    @classmethod
+    def load(cls, path: str | Path, overrides: list[str] | None = None) -> JobConfig:
+        """Read a YAML job config, apply ``key.sub=value`` overrides, validate it all."""
+        try:
+            data = yaml.safe_load(Path(path).read_text()) or {}
+        except FileNotFoundError as exc:
+            raise ConfigError(f"config file {str(path)!r} not found") from exc
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"config file {str(path)!r} is not valid YAML: {exc}") from exc
+        if not isinstance(data, dict):
+            raise ConfigError(f"config file {str(path)!r} must hold a mapping of keys")
+        return cls.from_dict(apply_overrides(data, overrides or []))
+
+    @classmethod
+    def from_dict(cls, data: dict) -> JobConfig:
+        """Validate a dict, turning pydantic's errors into one ConfigError per problem."""
+        try:
+            return cls.model_validate(data)
+        except ValidationError as exc:
+            raise ConfigError(format_validation_error(exc)) from None
+
+
+def apply_overrides(data: dict, overrides: list[str]) -> dict:
+    """Apply ``a.b.c=value`` overrides (values parsed as YAML) to a nested dict."""
+    data = copy.deepcopy(data)
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"--set {item!r} must look like key.sub=value")
+        key, raw = item.split("=", 1)
+        node = data
+        parts = key.strip().split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"--set {item!r}: {part!r} is not a section")
+        node[parts[-1]] = yaml.safe_load(raw)
+    return data
+
+
+def format_validation_error(exc: ValidationError) -> str:
+    """One line per problem: the key path, what is wrong, and the bad value."""
+    lines = ["invalid job config:"]
+    for error in exc.errors():
+        path = ".".join(str(p) for p in error["loc"]) or "(top level)"
+        message = error["msg"].removeprefix("Value error, ")
+        if error["type"] == "extra_forbidden":
+            message = "unknown key (check the spelling; see the config reference)"
+        value = error.get("input")
+        shown = "" if error["type"] == "missing" or isinstance(value, dict) else f" (got {value!r})"
+        lines.append(f"  {path}: {message}{shown}")
+    return "\n".join(lines)

@@ -391,6 +391,8 @@ def to_ray_dataset(
     if min_blocks is None:
         min_blocks = 2 * int(ray.cluster_resources().get("CPU", 1))
     partitions = max(math.ceil(num_rows / max_block_rows), min_blocks)
+    # blocks no larger than a partition's share, so every Ray CPU gets work
+    max_block_rows = min(max_block_rows, math.ceil(num_rows / partitions))
     laid_out = lay_out_by_segment(df, segment_by, partitions)
     log.info(
         "moving %d rows to Ray via %s in %d partitions", num_rows, chosen, partitions

@@ -1,0 +1,176 @@
+"""The catalogue of candidate kinds: build, fit, predict in memory, serialize, search.
+
+Kinds: ``lightgbm`` and ``xgboost`` (their scikit-learn estimators, native categorical
+support, stored in their native formats), ``sklearn`` (any estimator class or factory by
+import path; categoricals one-hot encoded in a scikit-learn pipeline; pickled), and
+``function`` (a user ``fit(X, y, params)`` returning a model with ``predict`` /
+``predict_proba``; pickled). Libraries run with ``threads`` threads.
+"""
+
+from __future__ import annotations
+
+import importlib
+import itertools
+import json
+import math
+import pickle
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from raybricks.config import CandidateConfig, RangeSpace
+from raybricks.errors import ConfigError
+from raybricks.segmented_model import CLASSIFICATION, MemberModel, sklearn_input
+
+DEFAULT_TRIALS = 10
+
+
+def import_object(path: str) -> Any:
+    """Import ``package.module.name``; a clear ConfigError when it does not exist."""
+    module_name, _, attribute = path.rpartition(".")
+    try:
+        return getattr(importlib.import_module(module_name), attribute)
+    except (ImportError, AttributeError, ValueError) as exc:
+        raise ConfigError(
+            f"cannot import {path!r} ({exc}): give a full import path such as "
+            "sklearn.linear_model.Ridge"
+        ) from exc
+
+
+def check_importable(candidate: CandidateConfig) -> None:
+    """Fail before any cluster starts when a candidate's estimator or function is missing."""
+    for path in (candidate.estimator, candidate.function):
+        if path:
+            import_object(path)
+
+
+# --------------------------------------------------------------------------- search
+
+
+def trial_settings(candidate: CandidateConfig, seed: int) -> list[dict[str, Any]]:
+    """The parameter settings to try: the full grid when the space is only lists and no
+    ``trials`` cap is set, otherwise ``trials`` seeded random draws (without repeats
+    where the grid is smaller)."""
+    space = candidate.search
+    if not space:
+        return [dict(candidate.params)]
+    names = list(space)
+    only_lists = all(isinstance(space[n], list) for n in names)
+    if only_lists:
+        grid = [dict(zip(names, values, strict=True)) for values in
+                itertools.product(*(space[n] for n in names))]
+        if candidate.trials is None or candidate.trials >= len(grid):
+            return [candidate.params | setting for setting in grid]
+        rng = np.random.default_rng(seed)
+        picks = rng.choice(len(grid), size=candidate.trials, replace=False)
+        return [candidate.params | grid[i] for i in sorted(picks)]
+    rng = np.random.default_rng(seed)
+    trials = candidate.trials or DEFAULT_TRIALS
+    return [
+        candidate.params | {n: _draw(space[n], rng) for n in names} for _ in range(trials)
+    ]
+
+
+def _draw(space: list | RangeSpace, rng: np.random.Generator) -> Any:
+    if isinstance(space, list):
+        return space[int(rng.integers(len(space)))]
+    if space.log:
+        value = math.exp(rng.uniform(math.log(space.low), math.log(space.high)))
+    else:
+        value = rng.uniform(space.low, space.high)
+    return int(round(value)) if space.int else float(value)
+
+
+# --------------------------------------------------------------------------- fitting
+
+
+def build_estimator(
+    candidate: CandidateConfig, params: dict[str, Any], task: str, seed: int, threads: int,
+    categorical: list[str], numeric: list[str],
+) -> Any:
+    """A fresh, unfitted estimator for one setting of a candidate."""
+    kind = candidate.kind
+    classify = task in CLASSIFICATION
+    if kind == "lightgbm":
+        import lightgbm as lgb
+
+        base = {"n_estimators": 100, "verbose": -1, "random_state": seed,
+                "n_jobs": threads, "deterministic": True, "force_row_wise": True}
+        cls = lgb.LGBMClassifier if classify else lgb.LGBMRegressor
+        return cls(**(base | params))
+    if kind == "xgboost":
+        import xgboost as xgb
+
+        base = {"n_estimators": 100, "tree_method": "hist", "enable_categorical": True,
+                "random_state": seed, "n_jobs": threads, "verbosity": 0}
+        cls = xgb.XGBClassifier if classify else xgb.XGBRegressor
+        return cls(**(base | params))
+    if kind == "sklearn":
+        factory = import_object(candidate.estimator)
+        estimator = factory(**params)
+        accepted = estimator.get_params() if hasattr(estimator, "get_params") else {}
+        if "random_state" in accepted and "random_state" not in params:
+            estimator.set_params(random_state=seed)
+        if "n_jobs" in accepted and "n_jobs" not in params:
+            estimator.set_params(n_jobs=threads)
+        if classify and not hasattr(estimator, "predict_proba"):
+            raise ConfigError(
+                f"models[{candidate.name}]: {candidate.estimator} has no predict_proba, "
+                "which classification needs (pick a classifier, or probability=True)"
+            )
+        if categorical:
+            from sklearn.compose import ColumnTransformer
+            from sklearn.pipeline import make_pipeline
+            from sklearn.preprocessing import OneHotEncoder
+
+            encode = ColumnTransformer(
+                [("numeric", "passthrough", numeric),
+                 ("categorical", OneHotEncoder(handle_unknown="ignore"), categorical)]
+            )
+            return make_pipeline(encode, estimator)
+        return estimator
+    return None  # kind "function": the user's fit builds the model
+
+
+def fit(
+    candidate: CandidateConfig, params: dict[str, Any], X: pd.DataFrame, y: np.ndarray,
+    task: str, seed: int, threads: int, meta: dict[str, Any],
+) -> Any:
+    """Fit one setting of a candidate on prepared features; returns the native model."""
+    categorical = list(meta.get("categorical", {}))
+    if candidate.kind in ("sklearn", "function"):
+        X = sklearn_input(X, meta)
+    if candidate.kind == "function":
+        return import_object(candidate.function)(X, y, params)
+    numeric = [c for c in X.columns if c not in categorical]
+    estimator = build_estimator(candidate, params, task, seed, threads, categorical, numeric)
+    return estimator.fit(X, y)
+
+
+def predict(kind: str, model: Any, X: pd.DataFrame, task: str, meta: dict[str, Any]):
+    """Predict with a fitted in-memory model: values, or class probabilities."""
+    if kind in ("sklearn", "function"):
+        X = sklearn_input(X, meta)
+    if task in CLASSIFICATION:
+        return np.asarray(model.predict_proba(X), dtype="float64")
+    return np.asarray(model.predict(X), dtype="float64").reshape(-1)
+
+
+def serialize(kind: str, model: Any) -> bytes:
+    """The model in its library's native format."""
+    if kind == "lightgbm":
+        return model.booster_.model_to_string().encode()
+    if kind == "xgboost":
+        return bytes(model.get_booster().save_raw("ubj"))
+    return pickle.dumps(model, protocol=5)
+
+
+def stored_kind(kind: str) -> str:
+    """How a kind is stored and reloaded (``function`` models are pickled like sklearn)."""
+    return "sklearn" if kind == "function" else kind
+
+
+def load(kind: str, payload: bytes, meta: dict[str, Any]) -> MemberModel:
+    """Reload a stored model exactly as consumers of the registered model will."""
+    return MemberModel(stored_kind(kind), payload, json.loads(json.dumps(meta)))

@@ -1,0 +1,389 @@
+"""The execution engine: many segments packed into each Ray task, results streamed back.
+
+``train_segments`` runs one Ray task per segment-aligned block; each task trains every
+segment of its block and returns two small Arrow tables (result rows, serialized models).
+The driver writes each task's tables as Parquet parts under the run directory as they
+arrive, so its memory holds only result rows, an interrupted run keeps what finished, and
+``resume`` retrains only the segments that have no result yet.
+
+When there are fewer segments than CPUs, the engine spreads the work of each segment
+(candidates x settings) over tasks instead, with the segment's data in the object store
+once. Segments above ``training.large_segment_rows`` are trained data-parallel with
+Ray Train (see ``raybricks.training.large``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from raybricks.config import JobConfig
+from raybricks.data import SegmentedDataset, segment_starts
+from raybricks.errors import ConfigError
+from raybricks.models import trial_settings
+from raybricks.training import segment as seg
+from raybricks.training.segment import FAILED, SKIPPED, TRAINED, Plan
+
+log = logging.getLogger(__name__)
+
+FALLBACK_ROWS = 1_000_000
+
+
+# --------------------------------------------------------------------------- results
+
+
+@dataclass
+class TrainingResult:
+    """Per-segment results and where the fitted models are stored.
+
+    ``segments``: one row per segment (keys, status, reason, chosen candidates and
+    weights, validation metric of the ensemble, of every candidate and of the baseline,
+    row counts, fit seconds). ``models()``: segment keys -> serialized members
+    (candidate, kind, weight, params, payload, meta), read from the run directory.
+    """
+
+    run_id: str
+    run_dir: Path
+    segment_by: list[str]
+    metric: str
+    segments: pd.DataFrame
+    fallback: list[dict[str, Any]] | None
+    seconds: float
+
+    def models(self) -> pa.Table:
+        return read_parts(self.run_dir / "models")
+
+    def counts(self) -> dict[str, int]:
+        counts = self.segments["status"].value_counts().to_dict()
+        return {s: int(counts.get(s, 0)) for s in (TRAINED, SKIPPED, FAILED)}
+
+    def summary(self) -> str:
+        """Counts per status and the distribution of the validation metric."""
+        counts = self.counts()
+        total = sum(counts.values())
+        lines = [
+            f"run {self.run_id}: {total} segments in {self.seconds:.1f}s "
+            f"({total / max(self.seconds, 1e-9):.1f}/s): "
+            + ", ".join(f"{n} {s}" for s, n in counts.items())
+        ]
+        column = f"metric_{self.metric}"
+        if column in self.segments and counts[TRAINED]:
+            values = self.segments.loc[self.segments.status == TRAINED, column].astype(float)
+            q = values.quantile([0.1, 0.5, 0.9])
+            lines.append(
+                f"{self.metric}: p10 {q[0.1]:.4g}  median {q[0.5]:.4g}  p90 {q[0.9]:.4g}  "
+                f"mean {values.mean():.4g}"
+            )
+            base = self.segments.loc[self.segments.status == TRAINED, f"baseline_{self.metric}"]
+            share = beats_baseline(values, base, self.metric)
+            lines.append(f"beats the naive baseline: {share:.0%}")
+        if counts[SKIPPED]:
+            reasons = self.segments.loc[self.segments.status == SKIPPED, "reason"]
+            top = reasons.str.split(":").str[0].value_counts().head(5)
+            lines.append("skipped: " + ", ".join(f"{r} ({n})" for r, n in top.items()))
+        if counts[FAILED]:
+            first = self.segments.loc[self.segments.status == FAILED, "reason"].iloc[0]
+            lines.append(f"failed: {counts[FAILED]}, e.g. {first}")
+        return "\n".join(lines)
+
+
+def beats_baseline(values: pd.Series, base: pd.Series, metric: str) -> float:
+    """Share of segments whose ensemble beats the naive baseline on the metric."""
+    from raybricks.training.metrics import greater_is_better
+
+    values, base = values.to_numpy(float), base.to_numpy(float)
+    better = values > base if greater_is_better(metric) else values < base
+    return float(np.mean(better)) if len(values) else float("nan")
+
+
+def write_part(directory: Path, name: str, table: pa.Table) -> None:
+    """Write a Parquet part atomically (a crash never leaves half a file)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    tmp = directory / f".{name}.tmp"
+    pq.write_table(table, tmp)
+    os.replace(tmp, directory / f"{name}.parquet")
+
+
+def read_parts(directory: Path) -> pa.Table:
+    files = sorted(directory.glob("*.parquet")) if directory.exists() else []
+    if not files:
+        return pa.table({})
+    return pa.concat_tables([pq.read_table(f) for f in files], promote_options="permissive")
+
+
+def rows_to_table(rows: list[dict[str, Any]]) -> pa.Table:
+    """Rows with differing keys (per-candidate columns, skipped rows) as one table."""
+    if not rows:
+        return pa.table({})
+    return pa.Table.from_pandas(pd.DataFrame(rows), preserve_index=False)
+
+
+# --------------------------------------------------------------------------- tasks
+
+
+def segment_bounds(block: pa.Table, segment_by: list[str]) -> list[tuple[tuple, int, int]]:
+    """(key, start, end) of every segment in a block."""
+    starts = segment_starts(block, segment_by)
+    ends = starts[1:] + [block.num_rows]
+    keys = block.select(segment_by).take(starts).to_pylist() if starts else []
+    return [(tuple(k[c] for c in segment_by), s, e)
+            for k, s, e in zip(keys, starts, ends, strict=True)]
+
+
+def train_block(block: pa.Table, plan: Plan, done: frozenset | None) -> tuple[pa.Table, pa.Table]:
+    """Ray task body: train every segment of one block that is not done yet."""
+    from threadpoolctl import threadpool_limits
+
+    results, members = [], []
+    frame = block.select(plan.columns).to_pandas()
+    with threadpool_limits(plan.threads):
+        for key, start, end in segment_bounds(block, plan.segment_by):
+            if (done and key in done) or is_large(end - start, plan):
+                continue
+            row, rows = seg.train_segment(frame.iloc[start:end], key, plan)
+            results.append(row)
+            keys = dict(zip(plan.segment_by, key, strict=True))
+            members.extend(keys | r for r in rows)
+    return rows_to_table(results), rows_to_table(members)
+
+
+def is_large(rows: int, plan: Plan) -> bool:
+    """Segments above the threshold are trained data-parallel with Ray Train."""
+    return 0 < plan.large_segment_rows < rows
+
+
+def block_keys(block: pa.Table, segment_by: list[str]) -> list[tuple[tuple, int]]:
+    """(key, rows) of every segment in a block."""
+    return [(key, end - start) for key, start, end in segment_bounds(block, segment_by)]
+
+
+def sample_block(block: pa.Table, fraction: float, seed: int, columns: list[str]) -> pa.Table:
+    """A seeded random share of a block's rows (for the global fallback model)."""
+    block = block.select(columns)
+    if fraction >= 1:
+        return block
+    rng = np.random.default_rng(seed)
+    return block.take(np.flatnonzero(rng.random(block.num_rows) < fraction))
+
+
+def train_fallback(plan: Plan, *samples: pa.Table) -> tuple[dict, list[dict]]:
+    """Ray task body: one model over (a sample of) all rows, whatever the segment."""
+    frame = pa.concat_tables(samples, promote_options="permissive").to_pandas()
+    key = tuple(None for _ in plan.segment_by)
+    return seg.train_segment(frame, key, plan)
+
+
+# --------------------------------------------------------------------------- driver
+
+
+def new_run_id() -> str:
+    return time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
+
+
+def train_segments(
+    segmented: SegmentedDataset, config: JobConfig, *, progress: bool | None = None
+) -> TrainingResult:
+    """Train every segment of a segment-aligned dataset as the job config says."""
+    import ray
+
+    start = time.perf_counter()
+    run_id = config.training.run_id or new_run_id()
+    if config.training.resume and not config.training.run_id:
+        raise ConfigError("training.resume needs training.run_id: the run to continue")
+    run_dir = Path(config.training.output_dir) / run_id
+    threads = max(int(max(c.resources.num_cpus for c in config.models)), 1)
+    plan = seg.make_plan(config, segmented.schema, threads)
+    refs = segmented.block_refs()
+    previous = read_parts(run_dir / "results") if config.training.resume else pa.table({})
+    done = frozenset(
+        tuple(r[c] for c in plan.segment_by)
+        for r in previous.select(plan.segment_by).to_pylist()
+    ) if previous.num_rows else None
+    bounds = ray.get([_remote(block_keys).remote(ref, plan.segment_by) for ref in refs])
+    # per block: the segments the packed or spread path trains now
+    todo = [
+        [key for key, rows in block if not (done and key in done) and not is_large(rows, plan)]
+        for block in bounds
+    ]
+    large = [
+        [key for key, rows in block if not (done and key in done) and is_large(rows, plan)]
+        for block in bounds
+    ]
+    n_todo = sum(len(t) for t in todo)
+    cpus = int(ray.cluster_resources().get("CPU", 1))
+    log.info(
+        "training %d segments (%d large, %d done before) in %d blocks",
+        sum(len(b) for b in bounds), sum(len(x) for x in large), len(done or ()), len(refs),
+    )
+    if 0 < n_todo < cpus and done is None:
+        _run_spread(refs, todo, plan, config, run_dir)
+    elif n_todo:
+        _run_packed(refs, todo, plan, config, run_dir, done, n_todo, progress)
+    if any(large):
+        from raybricks.training.large import train_large_segments
+
+        train_large_segments(refs, large, plan, config, run_dir)
+    fallback = _run_fallback(refs, plan, config, segmented.num_rows, run_dir)
+    segments = read_parts(run_dir / "results").to_pandas()
+    result = TrainingResult(run_id, run_dir, plan.segment_by, plan.metric, segments,
+                            fallback, time.perf_counter() - start)
+    log.info("%s", result.summary())
+    return result
+
+
+def _remote(fn, **options):
+    import ray
+
+    return ray.remote(**options)(fn) if options else ray.remote(fn)
+
+
+def _progress_bar(total: int, enabled: bool):
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, unit="segment", disable=not enabled, smoothing=0.1,
+                desc="training", mininterval=0.5)
+
+
+def _run_packed(refs, todo, plan, config, run_dir, done, n_todo, progress) -> None:
+    """One task per block; results written as they arrive."""
+    import ray
+
+    options = {
+        "num_cpus": plan.threads,
+        "num_gpus": max(c.resources.num_gpus for c in config.models),
+        "max_retries": config.training.max_retries,
+        "retry_exceptions": False,
+    }
+    task = _remote(train_block, **options)
+    done_ref = ray.put(done)
+    plan_ref = ray.put(plan)
+    pending = {
+        task.remote(ref, plan_ref, done_ref): i for i, ref in enumerate(refs) if todo[i]
+    }
+    attempt = uuid.uuid4().hex[:8]
+    show = config.training.progress if progress is None else progress
+    with _progress_bar(n_todo, show) as bar:
+        while pending:
+            ready, _ = ray.wait(list(pending), num_returns=1)
+            index = pending.pop(ready[0])
+            try:
+                results, models = ray.get(ready[0])
+            except (ray.exceptions.RayError, ray.exceptions.RayTaskError) as exc:
+                results, models = _lost_block(todo[index], plan, exc), pa.table({})
+            name = f"part-{index:06d}-{attempt}"
+            if models.num_rows:
+                write_part(run_dir / "models", name, models)
+            if results.num_rows:
+                write_part(run_dir / "results", name, results)
+            bar.update(results.num_rows)
+
+
+def _lost_block(keys: Iterable[tuple], plan: Plan, exc: Exception) -> pa.Table:
+    """Every segment of a block whose task failed beyond its retries ends ``failed``."""
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    reason = f"task lost after retries ({type(exc).__name__}): {first}"
+    return rows_to_table([
+        dict(zip(plan.segment_by, key, strict=True)) | {"status": FAILED, "reason": reason}
+        for key in keys
+    ])
+
+
+def _run_spread(refs, todo, plan: Plan, config: JobConfig, run_dir: Path) -> None:
+    """Few segments: every (candidate, setting) of every segment is its own task, over
+    the segment's prepared data put in the object store once."""
+    import ray
+
+    prepare = _remote(_prepare_slice)
+    evaluate = _remote(_evaluate_setting, num_cpus=plan.threads)
+    finish = _remote(_finish_segment, num_cpus=plan.threads)
+    outputs = []
+    for block_ref, keys in zip(refs, todo, strict=True):
+        for key in keys:
+            prep_ref = prepare.remote(block_ref, plan, key)
+            trials = {
+                c.name: [
+                    evaluate.remote(prep_ref, plan, key, c.name, params)
+                    for params in trial_settings(c, seg.stable_seed(plan.seed, key, c.name))
+                ]
+                for c in plan.candidates
+            }
+            outputs.append(finish.remote(prep_ref, plan, key, trials))
+    results, members = [], []
+    for row, rows in ray.get(outputs):
+        results.append(row)
+        key = tuple(row[c] for c in plan.segment_by)
+        members.extend(dict(zip(plan.segment_by, key, strict=True)) | r for r in rows)
+    name = f"part-spread-{uuid.uuid4().hex[:8]}"
+    if members:
+        write_part(run_dir / "models", name, rows_to_table(members))
+    write_part(run_dir / "results", name, rows_to_table(results))
+
+
+def _prepare_slice(block: pa.Table, plan: Plan, key: tuple):
+    """The prepared segment (or the reason it is skipped), kept in the object store."""
+    for k, start, end in segment_bounds(block, plan.segment_by):
+        if k == key:
+            frame = block.slice(start, end - start).select(plan.columns).to_pandas()
+            try:
+                return seg.prepare(frame, plan, key)
+            except seg.Skip as reason:
+                return reason
+            except Exception as exc:  # noqa: BLE001 - reported as the segment's failure
+                return exc
+    raise KeyError(key)
+
+
+def _evaluate_setting(prep, plan: Plan, key: tuple, name: str, params: dict):
+    if isinstance(prep, BaseException):
+        return None
+    candidate = next(c for c in plan.candidates if c.name == name)
+    one = seg.replace_search(candidate, params)
+    evaluation = seg.evaluate(prep, one, plan, key)
+    evaluation.split_models = []  # not needed back on the driver
+    return evaluation
+
+
+def _finish_segment(prep, plan: Plan, key: tuple, trials: dict[str, list]):
+    """Pick each candidate's best setting, ensemble, refit; the segment's result row."""
+    import ray
+
+    if isinstance(prep, BaseException):
+        return seg.result_for_error(prep, plan, key), []
+    evaluations = []
+    for name, refs in trials.items():
+        found = [e for e in ray.get(refs) if e is not None]
+        candidate = next(c for c in plan.candidates if c.name == name)
+        evaluations.append(seg.best_of(found, candidate, plan))
+    return seg.finish(prep, evaluations, plan, key)
+
+
+def _run_fallback(refs, plan: Plan, config: JobConfig, num_rows: int, run_dir: Path):
+    """The global model over all rows (sampled to at most FALLBACK_ROWS), if asked for."""
+    import ray
+
+    if config.fallback != "global":
+        return None
+    fraction = min(1.0, FALLBACK_ROWS / max(num_rows, 1))
+    sampler = _remote(sample_block)
+    samples = [sampler.remote(ref, fraction, plan.seed + i, plan.columns)
+               for i, ref in enumerate(refs)]
+    global_plan = seg.replace_plan(plan, min_rows=2, threads=max(plan.threads, 1))
+    row, members = ray.get(_remote(train_fallback).remote(global_plan, *samples))
+    (run_dir).mkdir(parents=True, exist_ok=True)
+    (run_dir / "fallback.json").write_text(json.dumps(
+        {k: v for k, v in row.items() if k not in plan.segment_by}, default=str))
+    if members:
+        write_part(run_dir, "fallback", rows_to_table(members))
+    return members or None

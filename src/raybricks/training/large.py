@@ -1,0 +1,245 @@
+"""Large segments: data-parallel XGBoost / LightGBM with Ray Train.
+
+A segment with more rows than ``training.large_segment_rows`` is not trained inside a
+packed task. Its rows are split (the same validation split as any segment) in one task,
+and each ``xgboost`` / ``lightgbm`` candidate is fitted with Ray Train's
+``XGBoostTrainer`` / ``LightGBMTrainer`` across ``training.large_segment_workers``
+workers, evaluated on the validation rows, ensembled as configured, and refitted on all
+rows when ``refit`` is on. Candidates of other kinds are not fitted for large segments
+(the result row says so); with no boosting candidate at all, the segment is trained in
+one task like any other. The results land in the same tables as every other segment.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import tempfile
+import uuid
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+from raybricks.config import CandidateConfig, JobConfig
+from raybricks.segmented_model import MemberModel, prepare_features
+from raybricks.training import metrics
+from raybricks.training import segment as seg
+from raybricks.training.segment import Plan
+
+log = logging.getLogger(__name__)
+
+LABEL = "__label__"
+MODEL_FILE = "model.bin"
+DATA_PARALLEL_KINDS = ("xgboost", "lightgbm")
+
+
+def train_large_segments(refs, large_keys, plan: Plan, config: JobConfig, run_dir: Path):
+    """Train every large segment; write its result row and members like the engine does."""
+    from raybricks.training.engine import rows_to_table, write_part
+
+    for block_ref, keys in zip(refs, large_keys, strict=True):
+        for key in keys:
+            log.info("large segment %s: data-parallel training with Ray Train", key)
+            try:
+                row, members = train_large_segment(block_ref, key, plan, config, run_dir)
+            except Exception as exc:  # noqa: BLE001 - a bad segment never stops the job
+                row, members = seg.result_for_error(exc, plan, key), []
+            name = f"part-large-{uuid.uuid4().hex[:10]}"
+            keys_dict = dict(zip(plan.segment_by, key, strict=True))
+            if members:
+                write_part(run_dir / "models", name, rows_to_table(
+                    [keys_dict | m for m in members]))
+            write_part(run_dir / "results", name, rows_to_table([row]))
+
+
+def split_segment(block: pa.Table, plan: Plan, key: tuple):
+    """Ray task body: the segment's training rows, validation rows, and what the driver
+    needs (model metadata, splits' targets, baseline)."""
+    from raybricks.training.engine import segment_bounds
+
+    start, end = next((s, e) for k, s, e in segment_bounds(block, plan.segment_by) if k == key)
+    frame = block.slice(start, end - start).select(plan.columns).to_pandas()
+    prep = seg.prepare(frame, plan, key)
+    train, valid = prep.splits[0]
+    table = pa.Table.from_pandas(prep.X.assign(**{LABEL: prep.y}), preserve_index=False)
+    info = {
+        "meta": prep.meta,
+        "n_rows": prep.n_rows,
+        "y_valid": prep.y[valid],
+        "baseline": seg.baseline(
+            seg.Prepared(prep.X, prep.y, [(train, valid)], prep.meta, prep.n_rows), plan
+        ),
+    }
+    return table.take(train), table.take(valid), info
+
+
+def native_params(candidate: CandidateConfig, task: str, n_classes: int) -> tuple[dict, int]:
+    """Scikit-learn style parameters -> the library's own, and the number of rounds."""
+    params = dict(candidate.params)
+    rounds = int(params.pop("n_estimators", 100))
+    for sklearn_only in ("n_jobs", "random_state", "verbose", "verbosity"):
+        params.pop(sklearn_only, None)
+    if candidate.kind == "xgboost":
+        objective = {"regression": "reg:squarederror", "binary": "binary:logistic",
+                     "multiclass": "multi:softprob"}[task]
+        params = {"objective": objective, "tree_method": "hist", "verbosity": 0} | params
+    else:
+        objective = {"regression": "regression", "binary": "binary",
+                     "multiclass": "multiclass"}[task]
+        params = {"objective": objective, "verbose": -1} | params
+    if task == "multiclass":
+        params["num_class"] = n_classes
+    return params, rounds
+
+
+def worker_shard(config: dict) -> pd.DataFrame:
+    """This worker's share of the training rows (every world_size-th row from its rank).
+
+    The rows come from object references rather than a Ray Dataset: dataset ingest needs
+    CPUs that the training workers hold, which stalls small clusters.
+    """
+    import ray
+    import ray.train
+
+    context = ray.train.get_context()
+    table = pa.concat_tables(ray.get(config["tables"]))
+    rows = np.arange(context.get_world_rank(), table.num_rows, context.get_world_size())
+    return table.take(rows).to_pandas()
+
+
+def report_model(payload: bytes) -> None:
+    """Report the finished model once (rank 0 carries it as a checkpoint).
+
+    Reporting after every boosting round, as Ray's callbacks do, costs a synchronisation
+    each round; one report at the end is all this path needs.
+    """
+    import ray.train
+
+    with tempfile.TemporaryDirectory() as directory:
+        if ray.train.get_context().get_world_rank() == 0:
+            (Path(directory) / MODEL_FILE).write_bytes(payload)
+            ray.train.report({}, checkpoint=ray.train.Checkpoint.from_directory(directory))
+        else:
+            ray.train.report({})
+
+
+def _xgboost_worker(config: dict) -> None:
+    """Ray Train worker loop: XGBoost on this worker's shard of the training rows."""
+    import xgboost as xgb
+
+    frame = worker_shard(config)
+    features = prepare_features(frame, config["meta"])
+    dtrain = xgb.DMatrix(features, label=frame[LABEL], enable_categorical=True)
+    booster = xgb.train(config["params"], dtrain, num_boost_round=config["rounds"])
+    report_model(bytes(booster.save_raw("ubj")))
+
+
+def _lightgbm_worker(config: dict) -> None:
+    """Ray Train worker loop: LightGBM on this worker's shard of the training rows."""
+    import lightgbm as lgb
+    from ray.train.lightgbm import get_network_params
+
+    frame = worker_shard(config)
+    features = prepare_features(frame, config["meta"])
+    params = config["params"] | get_network_params()
+    dtrain = lgb.Dataset(features, label=frame[LABEL], free_raw_data=False)
+    booster = lgb.train(params, dtrain, num_boost_round=config["rounds"])
+    report_model(booster.model_to_string().encode())
+
+
+def fit_data_parallel(
+    candidate: CandidateConfig, tables: list, meta: dict, plan: Plan, config: JobConfig,
+    storage: Path,
+) -> bytes:
+    """Fit one candidate across the cluster with Ray Train on the rows of ``tables``
+    (object references to Arrow tables); returns the native model bytes."""
+    import ray.train
+
+    params, rounds = native_params(candidate, plan.task, len(meta.get("classes") or []))
+    params["seed"] = seg.stable_seed(plan.seed, candidate.name, "large")
+    loop_config = {"params": params, "rounds": rounds, "meta": meta, "tables": tables}
+    scaling = ray.train.ScalingConfig(
+        num_workers=config.training.large_segment_workers,
+        resources_per_worker={"CPU": candidate.resources.num_cpus},
+    )
+    run = ray.train.RunConfig(storage_path=str(storage.resolve()),
+                              name=f"{candidate.name}-{uuid.uuid4().hex[:8]}")
+    if candidate.kind == "xgboost":
+        from ray.train.xgboost import XGBoostTrainer as Trainer
+
+        worker = _xgboost_worker
+    else:
+        from ray.train.lightgbm import LightGBMTrainer as Trainer
+
+        worker = _lightgbm_worker
+    trainer = Trainer(worker, train_loop_config=loop_config, scaling_config=scaling,
+                      run_config=run)
+    with trainer.fit().checkpoint.as_directory() as directory:
+        return (Path(directory) / MODEL_FILE).read_bytes()
+
+
+def predict_rows(kind: str, payload: bytes, meta: dict, table: pa.Table) -> np.ndarray:
+    """Ray task body: a stored model's predictions for the validation rows."""
+    return MemberModel(kind, payload, meta).predict(table.to_pandas())
+
+
+def train_large_segment(
+    block_ref, key: tuple, plan: Plan, config: JobConfig, run_dir: Path
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    import ray
+
+    boosting = [c for c in plan.candidates if c.kind in DATA_PARALLEL_KINDS]
+    if not boosting:  # nothing data-parallel to do: one task, like any segment
+        from raybricks.training.engine import train_block
+
+        one = seg.replace_plan(plan, large_segment_rows=0)
+        results, members = ray.get(ray.remote(train_block).remote(block_ref, one, None))
+        rows = results.to_pylist()
+        mine = [r for r in rows if tuple(r[c] for c in plan.segment_by) == key]
+        wanted = [m for m in members.to_pylist()
+                  if tuple(m[c] for c in plan.segment_by) == key]
+        return mine[0], [{k: v for k, v in m.items() if k not in plan.segment_by}
+                         for m in wanted]
+    try:
+        train_ref, valid_ref, info_ref = ray.remote(num_returns=3)(split_segment).remote(
+            block_ref, plan, key)
+        info = ray.get(info_ref)
+    except ray.exceptions.RayTaskError as exc:
+        cause = exc.as_instanceof_cause()
+        if isinstance(cause, seg.Skip) or "Skip" in type(cause).__name__:
+            return seg.result_for_error(seg.Skip(str(cause).splitlines()[-1]), plan, key), []
+        raise
+    meta = info["meta"]
+    storage = run_dir / "ray_train"
+    predict = ray.remote(predict_rows)
+    evaluations = []
+    for candidate in boosting:
+        try:
+            payload = fit_data_parallel(candidate, [train_ref], meta, plan, config, storage)
+            kind = candidate.kind
+            predictions = ray.get(predict.remote(kind, payload, meta, valid_ref))
+            value = metrics.score(plan.metric, info["y_valid"], predictions)
+            evaluations.append(seg.Evaluation(candidate, candidate.params, value, predictions,
+                                              [payload]))
+        except Exception as exc:  # noqa: BLE001 - one candidate failing is recorded
+            evaluations.append(seg.Evaluation(candidate, error=f"{type(exc).__name__}: {exc}"))
+    row = seg.key_row(plan, key, info["n_rows"])
+    chosen = seg.summarize(row, evaluations, info["y_valid"], info["baseline"], plan)
+    skipped = [c.name for c in plan.candidates if c.kind not in DATA_PARALLEL_KINDS]
+    row["reason"] = (f"large segment: not data-parallel, not fitted: {skipped}"
+                     if skipped else None)
+    members = []
+    for evaluation, weight in chosen:
+        payload = (fit_data_parallel(evaluation.candidate, [train_ref, valid_ref], meta, plan,
+                                     config, storage)
+                   if plan.refit else evaluation.split_models[0])
+        members.append({
+            "candidate": evaluation.candidate.name, "kind": evaluation.candidate.kind,
+            "weight": float(weight), "params": json.dumps(evaluation.params, default=str),
+            "payload": payload, "meta": json.dumps(meta, default=str),
+        })
+    row["status"] = seg.TRAINED
+    return row, members

@@ -1,0 +1,402 @@
+"""Training one segment: checks, validation splits, candidate search, ensemble, refit.
+
+Everything here is plain Python on one segment's pandas frame, so the packed engine,
+the few-segments engine and the global fallback all share it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+from raybricks import models
+from raybricks.config import CandidateConfig, JobConfig
+from raybricks.errors import DataError
+from raybricks.segmented_model import CLASSIFICATION, prepare_features
+from raybricks.training import metrics
+
+TRAINED, SKIPPED, FAILED = "trained", "skipped", "failed"
+
+
+@dataclass
+class Plan:
+    """What every task needs to train segments, resolved once on the driver."""
+
+    segment_by: list[str]
+    target: str
+    features: list[str]
+    categorical: list[str]
+    time_column: str | None
+    task: str
+    metric: str
+    method: str
+    fraction: float
+    folds: int
+    candidates: list[CandidateConfig]
+    ensemble: str
+    top_k: int
+    refit: bool
+    min_rows: int
+    seed: int
+    threads: int = 1
+    large_segment_rows: int = 0  # segments above this go to Ray Train (0: none)
+
+    @property
+    def columns(self) -> list[str]:
+        extra = [self.time_column] if self.time_column else []
+        return list(dict.fromkeys(self.segment_by + self.features + [self.target] + extra))
+
+
+UNSUPPORTED = (pa.types.is_nested, pa.types.is_binary, pa.types.is_large_binary)
+
+
+def make_plan(config: JobConfig, schema: pa.Schema, threads: int = 1) -> Plan:
+    """Resolve features and their kinds from the table's schema; refuse what cannot work."""
+    names = schema.names
+    needed = config.segment_by + [config.target] + (config.features or [])
+    if config.time_column:
+        needed.append(config.time_column)
+    missing = [c for c in needed if c not in names]
+    if missing:
+        raise DataError(f"column(s) {missing} not in the data; it has {names}")
+    exclude = set(config.segment_by) | {config.target}
+    if config.time_column:
+        exclude.add(config.time_column)
+    features = config.features or [n for n in names if n not in exclude]
+    if not features:
+        raise DataError("no feature columns: the table holds only keys, target and time")
+    bad = [f for f in features if any(test(schema.field(f).type) for test in UNSUPPORTED)]
+    if bad:
+        kinds = {f: str(schema.field(f).type) for f in bad}
+        raise DataError(
+            f"feature column(s) of unsupported type {kinds}: maps, arrays, structs and "
+            "binary cannot be features; drop them from features or derive numbers"
+        )
+    target_type = schema.field(config.target).type
+    if config.task == "regression" and not (
+        pa.types.is_integer(target_type) or pa.types.is_floating(target_type)
+        or pa.types.is_decimal(target_type) or pa.types.is_boolean(target_type)
+    ):
+        raise DataError(
+            f"target {config.target!r} is {target_type}, not numeric: task regression needs "
+            "a numeric target (or use task binary / multiclass)"
+        )
+    categorical = [
+        f for f in features
+        if pa.types.is_string(schema.field(f).type)
+        or pa.types.is_large_string(schema.field(f).type)
+        or pa.types.is_dictionary(schema.field(f).type)
+    ]
+    return Plan(
+        segment_by=list(config.segment_by), target=config.target, features=features,
+        categorical=categorical, time_column=config.time_column, task=config.task,
+        metric=config.metric, method=config.validation.method,
+        fraction=config.validation.fraction, folds=config.validation.folds,
+        candidates=list(config.models), ensemble=config.ensemble.method,
+        top_k=config.ensemble.top_k, refit=config.refit, min_rows=config.min_rows,
+        seed=config.seed, threads=threads,
+        large_segment_rows=config.training.large_segment_rows,
+    )
+
+
+def stable_seed(*parts: Any) -> int:
+    """A seed derived from the job seed and names (stable across processes and runs)."""
+    digest = hashlib.blake2b(repr(parts).encode(), digest_size=4).digest()
+    return int.from_bytes(digest, "little")
+
+
+@dataclass
+class Prepared:
+    """One segment, ready to fit: features, encoded target, splits, model metadata."""
+
+    X: pd.DataFrame
+    y: np.ndarray
+    splits: list[tuple[np.ndarray, np.ndarray]]
+    meta: dict[str, Any]
+    n_rows: int
+
+
+@dataclass
+class Evaluation:
+    """The best setting found for one candidate on one segment."""
+
+    candidate: CandidateConfig
+    params: dict[str, Any] | None = None
+    value: float = float("nan")
+    predictions: np.ndarray | None = None  # out-of-split predictions, validation rows
+    split_models: list = field(default_factory=list)
+    error: str | None = None
+
+
+class Skip(Exception):
+    """A segment that cannot be trained, with the reason users will read."""
+
+
+def prepare(frame: pd.DataFrame, plan: Plan, key: tuple) -> Prepared:
+    """Drop rows without a target, check the segment is trainable, build the splits."""
+    frame = frame[frame[plan.target].notna()]
+    n = len(frame)
+    if n < plan.min_rows:
+        raise Skip(f"too few rows: {n} < min_rows={plan.min_rows}")
+    if plan.time_column:
+        frame = frame.sort_values(plan.time_column, kind="stable")
+    categorical = {
+        c: sorted(str(v) for v in frame[c].dropna().unique()) for c in plan.categorical
+    }
+    meta: dict[str, Any] = {"features": plan.features, "categorical": categorical,
+                            "task": plan.task}
+    X = prepare_features(frame, meta)
+    numeric = [c for c in plan.features if c not in categorical]
+    usable = [c for c in numeric if np.nanstd(X[c].to_numpy()) > 0] + [
+        c for c in categorical if len(categorical[c]) > 1
+    ]
+    if not usable:
+        raise Skip("no usable feature: every feature is empty or constant in this segment")
+    with np.errstate(all="ignore"):
+        medians = np.nanmedian(X[numeric].to_numpy(), axis=0) if numeric else []
+    meta["fill"] = {c: (0.0 if m != m else float(m)) for c, m in zip(numeric, medians,
+                                                                     strict=True)}
+    raw = frame[plan.target]
+    if plan.task in CLASSIFICATION:
+        classes = sorted(raw.unique().tolist(), key=lambda v: (str(type(v)), v))
+        if len(classes) < 2:
+            raise Skip(f"single class: every target value is {classes[0]!r}")
+        if plan.task == "binary" and len(classes) > 2:
+            raise Skip(f"task binary but the target has {len(classes)} classes")
+        y = pd.Categorical(raw, categories=classes).codes.astype("int64")
+        meta["classes"] = [v.item() if hasattr(v, "item") else v for v in classes]
+    else:
+        y = raw.to_numpy(dtype="float64")
+        if np.nanstd(y) == 0:
+            raise Skip(f"constant target: every value is {y[0]!r}")
+    X = X.reset_index(drop=True)
+    return Prepared(X, y, make_splits(n, plan, key), meta, n)
+
+
+def make_splits(n: int, plan: Plan, key: tuple) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Train/validation index pairs: one random or time-ordered holdout, or k folds."""
+    n_valid = min(max(1, int(round(n * plan.fraction))), n - 1)
+    if plan.method == "time":  # rows are time-sorted: the last ones validate
+        return [(np.arange(n - n_valid), np.arange(n - n_valid, n))]
+    order = np.random.default_rng(stable_seed(plan.seed, key)).permutation(n)
+    if plan.method == "holdout":
+        return [(np.sort(order[n_valid:]), np.sort(order[:n_valid]))]
+    folds = np.array_split(order, min(plan.folds, n))
+    return [
+        (np.sort(np.concatenate([f for j, f in enumerate(folds) if j != i])), np.sort(fold))
+        for i, fold in enumerate(folds)
+    ]
+
+
+def validation_rows(prep: Prepared) -> np.ndarray:
+    return np.concatenate([valid for _, valid in prep.splits])
+
+
+def baseline(prep: Prepared, plan: Plan) -> np.ndarray:
+    """Naive predictions for the validation rows: the training mean (or the last value,
+    time-ordered), or the training class frequencies."""
+    parts = []
+    for train, valid in prep.splits:
+        y = prep.y[train]
+        if plan.task in CLASSIFICATION:
+            freq = np.bincount(y, minlength=len(prep.meta["classes"])) / len(y)
+            parts.append(np.tile(freq, (len(valid), 1)))
+        else:
+            value = y[-1] if plan.method == "time" else y.mean()
+            parts.append(np.full(len(valid), value))
+    return np.concatenate(parts)
+
+
+def _fit_split(prep: Prepared, candidate, params, train, plan: Plan, seed: int):
+    """Fit on the training rows; returns the model and the class codes it saw."""
+    y = prep.y[train]
+    trained = None
+    if plan.task in CLASSIFICATION:
+        trained = np.unique(y)
+        if len(trained) < 2:
+            raise ValueError("the training split holds a single class")
+        y = np.searchsorted(trained, y)
+    model = models.fit(candidate, params, prep.X.iloc[train], y, plan.task, seed,
+                       plan.threads, prep.meta)
+    return model, trained
+
+
+def _predict_split(prep, candidate, model, trained, rows, plan: Plan) -> np.ndarray:
+    raw = models.predict(candidate.kind, model, prep.X.iloc[rows], plan.task, prep.meta)
+    if trained is None:
+        return raw
+    if raw.ndim == 1:
+        raw = np.column_stack([1 - raw, raw])
+    full = np.zeros((len(rows), len(prep.meta["classes"])))
+    full[:, trained] = raw
+    return full
+
+
+def evaluate(prep: Prepared, candidate: CandidateConfig, plan: Plan, key: tuple) -> Evaluation:
+    """Try every setting of a candidate on the splits; keep the best by the metric."""
+    best = Evaluation(candidate)
+    y_valid = prep.y[validation_rows(prep)]
+    errors = []
+    settings = models.trial_settings(candidate, stable_seed(plan.seed, key, candidate.name))
+    for params in settings:
+        seed = stable_seed(plan.seed, key, candidate.name, "fit")
+        try:
+            fitted, parts = [], []
+            for train, valid in prep.splits:
+                model, trained = _fit_split(prep, candidate, params, train, plan, seed)
+                fitted.append((model, trained))
+                parts.append(_predict_split(prep, candidate, model, trained, valid, plan))
+            predictions = np.concatenate(parts)
+            value = metrics.score(plan.metric, y_valid, predictions)
+        except Exception as exc:  # noqa: BLE001 - one bad setting must not stop the segment
+            errors.append(f"{type(exc).__name__}: {exc}")
+            continue
+        if best.params is None or metrics.loss(plan.metric, value) < metrics.loss(
+            plan.metric, best.value
+        ):
+            best = Evaluation(candidate, params, value, predictions, fitted)
+    if best.params is None:
+        best.error = "; ".join(dict.fromkeys(errors)) or "no setting could be fitted"
+    return best
+
+
+def choose(evaluations: list[Evaluation], plan: Plan) -> list[tuple[Evaluation, float]]:
+    """The ensemble's members and weights, from the candidates that fitted."""
+    ok = sorted((e for e in evaluations if e.error is None),
+                key=lambda e: metrics.loss(plan.metric, e.value))
+    if not ok:
+        return []
+    if plan.ensemble == "best":
+        return [(ok[0], 1.0)]
+    top = ok[: plan.top_k]
+    if plan.ensemble == "mean":
+        return [(e, 1.0 / len(top)) for e in top]
+    if metrics.greater_is_better(plan.metric):
+        raw = [max(e.value, metrics.EPS) if e.value == e.value else metrics.EPS for e in top]
+    else:
+        raw = [1.0 / max(e.value, metrics.EPS) if e.value == e.value else metrics.EPS
+               for e in top]
+    total = sum(raw)
+    return [(e, w / total) for e, w in zip(top, raw, strict=True)]
+
+
+def member_rows(prep: Prepared, members, plan: Plan, key: tuple) -> list[dict[str, Any]]:
+    """Serialized members: refit on all rows, or the model of the (first) training split."""
+    rows = []
+    for evaluation, weight in members:
+        candidate = evaluation.candidate
+        if plan.refit or len(prep.splits) > 1:
+            seed = stable_seed(plan.seed, key, candidate.name, "fit")
+            model, trained = _fit_split(
+                prep, candidate, evaluation.params, np.arange(prep.n_rows), plan, seed
+            )
+        else:
+            model, trained = evaluation.split_models[0]
+        meta = dict(prep.meta)
+        if trained is not None:
+            meta["trained_classes"] = trained.tolist()
+        rows.append({
+            "candidate": candidate.name,
+            "kind": models.stored_kind(candidate.kind),
+            "weight": float(weight),
+            "params": json.dumps(evaluation.params, default=str, sort_keys=True),
+            "payload": models.serialize(candidate.kind, model),
+            "meta": json.dumps(meta, default=str),
+        })
+    return rows
+
+
+def replace_search(candidate: CandidateConfig, params: dict[str, Any]) -> CandidateConfig:
+    """The candidate reduced to one fixed setting (for spreading settings over tasks)."""
+    return candidate.model_copy(update={"params": params, "search": {}, "trials": None})
+
+
+def replace_plan(plan: Plan, **changes: Any) -> Plan:
+    return dataclasses.replace(plan, **changes)
+
+
+def best_of(found: list[Evaluation], candidate: CandidateConfig, plan: Plan) -> Evaluation:
+    """The best of several single-setting evaluations of one candidate."""
+    ok = [e for e in found if e.error is None]
+    if not ok:
+        errors = "; ".join(dict.fromkeys(e.error or "" for e in found))
+        return Evaluation(candidate, error=errors or "no setting could be fitted")
+    best = min(ok, key=lambda e: metrics.loss(plan.metric, e.value))
+    return dataclasses.replace(best, candidate=candidate)
+
+
+def key_row(plan: Plan, key: tuple, n_rows: int) -> dict[str, Any]:
+    row: dict[str, Any] = dict(zip(plan.segment_by, key, strict=True))
+    row.update(status=FAILED, reason=None, n_rows=n_rows)
+    return row
+
+
+def result_for_error(error: BaseException, plan: Plan, key: tuple, n_rows: int = 0):
+    """The result row of a segment that was skipped (Skip) or failed (anything else)."""
+    row = key_row(plan, key, n_rows)
+    if isinstance(error, Skip):
+        row.update(status=SKIPPED, reason=str(error))
+    else:
+        frames = traceback.extract_tb(error.__traceback__)
+        where = f" (at {frames[-1].filename}:{frames[-1].lineno})" if frames else ""
+        row["reason"] = f"{type(error).__name__}: {error}{where}"
+    return row
+
+
+def summarize(
+    row: dict[str, Any], evaluations: list[Evaluation], y_valid: np.ndarray,
+    baseline_predictions: np.ndarray, plan: Plan,
+) -> list[tuple[Evaluation, float]]:
+    """Fill the row's metrics (baseline, every candidate, the ensemble) and its choice;
+    returns the ensemble's members. Raises when every candidate failed."""
+    row["n_valid"] = len(y_valid)
+    row[f"baseline_{plan.metric}"] = metrics.score(plan.metric, y_valid, baseline_predictions)
+    for e in evaluations:
+        row[f"{e.candidate.name}_{plan.metric}"] = e.value
+    chosen = choose(evaluations, plan)
+    if not chosen:
+        raise RuntimeError(
+            "every candidate failed: "
+            + " | ".join(f"{e.candidate.name}: {e.error}" for e in evaluations)
+        )
+    blend = sum(e.predictions * w for e, w in chosen)
+    row[f"metric_{plan.metric}"] = metrics.score(plan.metric, y_valid, blend)
+    row["chosen"] = json.dumps([e.candidate.name for e, _ in chosen])
+    row["weights"] = json.dumps([round(w, 6) for _, w in chosen])
+    return chosen
+
+
+def finish(
+    prep: Prepared, evaluations: list[Evaluation], plan: Plan, key: tuple
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """From the candidates' evaluations to the result row and the serialized members."""
+    row = key_row(plan, key, prep.n_rows)
+    y_valid = prep.y[validation_rows(prep)]
+    chosen = summarize(row, evaluations, y_valid, baseline(prep, plan), plan)
+    members = member_rows(prep, chosen, plan, key)
+    row["status"] = TRAINED
+    return row, members
+
+
+def train_segment(
+    frame: pd.DataFrame, key: tuple, plan: Plan
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Train one segment. Never raises: the result row says trained, skipped or failed."""
+    start = time.perf_counter()
+    try:
+        prep = prepare(frame, plan, key)
+        evaluations = [evaluate(prep, c, plan, key) for c in plan.candidates]
+        row, members = finish(prep, evaluations, plan, key)
+    except Exception as exc:  # noqa: BLE001 - a bad segment never stops the job
+        row, members = result_for_error(exc, plan, key, len(frame)), []
+    row["fit_seconds"] = time.perf_counter() - start
+    return row, members
