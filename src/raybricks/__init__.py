@@ -1,10 +1,12 @@
 """raybricks: train one model per segment with Ray on Spark, register one MLflow model."""
 
 from raybricks.cluster import RayCluster, ray_cluster, start_ray, stop_ray
-from raybricks.config import ClusterConfig
+from raybricks.config import ClusterConfig, JobConfig
 from raybricks.data import SegmentedDataset, to_ray_dataset
 from raybricks.errors import ClusterError, ConfigError, DataError, RaybricksError, SetupError
+from raybricks.pipeline import train
 from raybricks.session import local_spark_session
+from raybricks.training import TrainingResult, train_segments
 
 __version__ = "0.1.0"
 
@@ -13,6 +15,7 @@ __all__ = [
     "ClusterError",
     "ConfigError",
     "DataError",
+    "JobConfig",
     "RayCluster",
     "RaybricksError",
     "SegmentedDataset",
@@ -22,4 +25,7 @@ __all__ = [
     "start_ray",
     "stop_ray",
     "to_ray_dataset",
+    "train",
+    "train_segments",
+    "TrainingResult",
 ]

@@ -26,9 +26,28 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def run_train(args: argparse.Namespace) -> int:
+    from raybricks.config import JobConfig
+    from raybricks.pipeline import train
+
+    config = JobConfig.load(args.config, args.set)
+    result = train(config)
+    print(result.summary())
+    print(f"results and models: {result.run_dir}")
+    return 1 if result.counts()["trained"] == 0 else 0
+
+
 def main(argv: list[str] | None = None) -> int:
+    from raybricks.errors import RaybricksError
+
     args = build_parser().parse_args(argv)
-    stages = {"train": "training", "score": "scoring", "demo": "demo", "submit": "Databricks"}
+    if args.verb == "train":
+        try:
+            return run_train(args)
+        except RaybricksError as exc:
+            print(f"raybricks train: {exc}", file=sys.stderr)
+            return 2
+    stages = {"score": "scoring", "demo": "demo", "submit": "Databricks"}
     print(NOT_YET.format(verb=args.verb, stage=stages[args.verb]), file=sys.stderr)
     return 0 if args.verb == "demo" else 2
 

@@ -20,7 +20,7 @@ import os
 import time
 import uuid
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +61,7 @@ class TrainingResult:
     segments: pd.DataFrame
     fallback: list[dict[str, Any]] | None
     seconds: float
+    timings: dict[str, float] = field(default_factory=dict)  # wall seconds per stage
 
     def models(self) -> pa.Table:
         return read_parts(self.run_dir / "models")

@@ -1,0 +1,81 @@
+"""Job config: typed, complete validation with errors that name the key and the fix."""
+
+from __future__ import annotations
+
+import pytest
+
+from raybricks.config import JobConfig, apply_overrides
+from raybricks.errors import ConfigError
+
+BASE = {
+    "source": {"table": "sales"},
+    "segment_by": ["store"],
+    "target": "y",
+    "models": [{"name": "lgbm", "kind": "lightgbm"}],
+}
+
+
+def with_(**changes):
+    return BASE | changes
+
+
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        (with_(models=[{"name": "m", "kind": "lgbm"}]), "kind='lgbm' is unknown"),
+        (with_(validation={"metric": "rmse"}, task="binary"), "does not fit task='binary'"),
+        (with_(validation={"metric": "rsme"}), "validation.metric='rsme' is unknown"),
+        (with_(features=["y", "x"]), "target 'y' is listed among features"),
+        (with_(models=[{"name": "a", "kind": "xgboost"}, {"name": "a", "kind": "lightgbm"}]),
+         "duplicate candidate names"),
+        (with_(models=[{"name": "a", "kind": "xgboost", "search": {"max_depth": []}}]),
+         "search.max_depth is empty"),
+        (with_(min_rows=1), "min_rows=1 must be at least 2"),
+        (with_(models=[{"name": "r", "kind": "sklearn"}]), "needs estimator"),
+        (with_(validaton={"method": "time"}), "validaton: unknown key"),
+        (with_(validation={"method": "time"}), "needs time_column"),
+        (with_(models=[{"name": "a", "kind": "xgboost",
+                        "search": {"eta": {"low": 0, "high": 1, "log": True}}}]), "low > 0"),
+        (with_(source={"table": "t", "path": "/p"}), "exactly one of source.table"),
+        (with_(ensemble="median"), "ensemble.method"),
+        (with_(models=[]), "models"),
+    ],
+)
+def test_bad_configs_are_refused_with_the_key_named(config, message):
+    with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("(", r"\(")):
+        JobConfig.from_dict(config)
+
+
+def test_defaults_and_shorthands():
+    config = JobConfig.from_dict(with_(ensemble="weighted", task="multiclass"))
+    assert config.ensemble.method == "weighted" and config.ensemble.top_k == 3
+    assert config.metric == "logloss"
+    assert JobConfig.from_dict(BASE).metric == "rmse"
+    assert JobConfig.from_dict(BASE).config_hash() == JobConfig.from_dict(BASE).config_hash()
+    assert JobConfig.from_dict(BASE).config_hash() != config.config_hash()
+
+
+def test_yaml_and_overrides(tmp_path):
+    path = tmp_path / "job.yml"
+    path.write_text(
+        "source: {table: sales}\nsegment_by: [store]\ntarget: y\n"
+        "models:\n  - {name: lgbm, kind: lightgbm, params: {n_estimators: 50}}\n"
+    )
+    config = JobConfig.load(path, ["validation.fraction=0.3", "cluster.max_worker_nodes=2",
+                                   "segment_by=[store, item]"])
+    assert config.validation.fraction == 0.3
+    assert config.cluster.max_worker_nodes == 2
+    assert config.segment_by == ["store", "item"]
+    assert config.models[0].params == {"n_estimators": 50}
+    with pytest.raises(ConfigError, match="must look like key.sub=value"):
+        JobConfig.load(path, ["validation.fraction"])
+    with pytest.raises(ConfigError, match="not found"):
+        JobConfig.load(tmp_path / "missing.yml")
+    with pytest.raises(ConfigError, match="validation.fraction: Input should be less than 1"):
+        JobConfig.load(path, ["validation.fraction=1.5"])
+
+
+def test_overrides_do_not_touch_the_input():
+    data = {"a": {"b": 1}}
+    assert apply_overrides(data, ["a.b=2", "a.c=x"]) == {"a": {"b": 2, "c": "x"}}
+    assert data == {"a": {"b": 1}}

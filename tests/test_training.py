@@ -1,0 +1,211 @@
+"""The training engine on real Ray with real LightGBM, XGBoost and scikit-learn."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from raybricks.config import JobConfig
+from raybricks.data import to_ray_dataset
+from raybricks.errors import DataError
+from raybricks.models import load
+from raybricks.segmented_model import SegmentModel
+from raybricks.training import train_segments
+from raybricks.training.segment import make_plan, train_segment
+from tests import helpers
+
+CANDIDATES = [
+    {"name": "ridge", "kind": "sklearn", "estimator": "sklearn.linear_model.Ridge",
+     "search": {"alpha": [0.1, 10.0]}},
+    {"name": "lgbm", "kind": "lightgbm",
+     "params": {"n_estimators": 20, "min_child_samples": 5},
+     "search": {"learning_rate": {"low": 0.05, "high": 0.3, "log": True}}, "trials": 2},
+    {"name": "xgb", "kind": "xgboost", "params": {"n_estimators": 20, "max_depth": 3}},
+]
+
+
+def job(tmp_path, **changes) -> JobConfig:
+    base = {
+        "source": {"table": "unused"}, "segment_by": ["store"], "target": "y",
+        "features": ["x1", "x2", "color"], "time_column": "day", "models": CANDIDATES,
+        "min_rows": 20, "training": {"output_dir": str(tmp_path), "progress": False},
+    }
+    return JobConfig.from_dict(base | changes)
+
+
+@pytest.fixture(scope="module")
+def shops_ds(ray_on_spark, spark):
+    return to_ray_dataset(spark.createDataFrame(helpers.shops()), ["store"])
+
+
+@pytest.fixture(scope="module")
+def shops_result(shops_ds, tmp_path_factory):
+    config = job(tmp_path_factory.mktemp("runs"), ensemble="weighted", fallback="global")
+    return train_segments(shops_ds, config)
+
+
+def by_store(result) -> pd.DataFrame:
+    return result.segments.set_index("store").sort_index()
+
+
+def test_every_segment_ends_in_one_status_with_reasons(shops_result):
+    rows = by_store(shops_result)
+    assert len(rows) == 11 and rows.index.is_unique
+    assert (rows.loc[[f"s{i}" for i in range(8)], "status"] == "trained").all()
+    assert rows.loc["few", "status"] == "skipped"
+    assert rows.loc["few", "reason"] == "too few rows: 5 < min_rows=20"
+    assert rows.loc["constant", "reason"].startswith("constant target")
+    assert rows.loc["no_feature", "reason"].startswith("no usable feature")
+    assert shops_result.counts() == {"trained": 8, "skipped": 3, "failed": 0}
+    summary = shops_result.summary()
+    assert "8 trained, 3 skipped, 0 failed" in summary and "median" in summary
+
+
+def test_metrics_baseline_and_weighted_ensemble(shops_result):
+    rows = by_store(shops_result).loc[[f"s{i}" for i in range(8)]]
+    for _, row in rows.iterrows():
+        chosen, weights = json.loads(row.chosen), json.loads(row.weights)
+        assert len(chosen) == 3 and abs(sum(weights) - 1) < 1e-5
+        ranked = sorted(chosen, key=lambda name: row[f"{name}_rmse"])
+        assert chosen == ranked and weights == sorted(weights, reverse=True)
+    # the models learn a strong linear signal: far better than the naive baseline
+    assert (rows.metric_rmse < rows.baseline_rmse / 3).all()
+    # time-ordered holdout: the last 20% of each segment's rows
+    assert (rows.n_valid == (rows.n_rows * 0.2).round()).all()
+
+
+def test_models_reload_natively_and_predict_unseen_and_missing(shops_result):
+    models = shops_result.models().to_pandas()
+    rows = models[models.store == "s3"].to_dict("records")
+    assert {r["kind"] for r in rows} == {"sklearn", "lightgbm", "xgboost"}
+    model = SegmentModel.from_rows(rows)
+    frame = pd.DataFrame({"x1": [0.5, 0.5, np.nan], "x2": [np.nan, 1.0, 1.0],
+                          "color": ["red", "purple", None], "extra": 1})
+    predictions = model.predict(frame)
+    assert predictions.shape == (3,) and np.isfinite(predictions).all()
+    assert shops_result.fallback and {m["candidate"] for m in shops_result.fallback} == {
+        "ridge", "lgbm", "xgb"}
+    fallback = SegmentModel.from_rows(shops_result.fallback)
+    assert np.isfinite(fallback.predict(frame)).all()
+
+
+def test_same_config_same_models_and_metrics(shops_ds, shops_result, tmp_path):
+    again = train_segments(shops_ds, job(tmp_path, ensemble="weighted", fallback="global"))
+    columns = ["store", "status", "metric_rmse", "ridge_rmse", "lgbm_rmse", "xgb_rmse"]
+    first = shops_result.segments[columns].sort_values("store").reset_index(drop=True)
+    second = again.segments[columns].sort_values("store").reset_index(drop=True)
+    pd.testing.assert_frame_equal(first, second)
+    def payloads(result):
+        models = result.models()
+        return sorted(zip(models.column("store").to_pylist(),
+                          models.column("payload").to_pylist(), strict=True))
+
+    assert payloads(shops_result) == payloads(again)
+
+
+@pytest.mark.parametrize(("method", "expected_valid"), [("holdout", 14), ("kfold", 70)])
+def test_holdout_and_kfold(shops_ds, tmp_path, method, expected_valid):
+    config = job(tmp_path, time_column=None, validation={"method": method, "folds": 3},
+                 ensemble={"method": "mean", "top_k": 2})
+    rows = by_store(train_segments(shops_ds, config))
+    assert rows.loc["s1", "n_valid"] == expected_valid  # 70 rows
+    assert rows.loc["s1", "weights"] == "[0.5, 0.5]"
+
+
+def test_failing_candidate_fails_only_its_segment(ray_on_spark, spark, tmp_path):
+    data = helpers.shops().query("store in ['s0', 's1']").copy()
+    data.loc[data.store == "s1", "x2"] = 5000.0
+    ds = to_ray_dataset(spark.createDataFrame(data), ["store"])
+    config = job(tmp_path, models=[{"name": "mine", "kind": "function",
+                                    "function": "tests.helpers.fit_or_explode"}])
+    rows = by_store(train_segments(ds, config))
+    assert rows.loc["s0", "status"] == "trained", rows.loc["s0", "reason"]
+    assert rows.loc["s1", "status"] == "failed"
+    assert "x2 out of range for this model" in rows.loc["s1", "reason"]
+
+
+@pytest.mark.parametrize(("kinds", "metric"), [(2, "auc"), (3, "logloss")])
+def test_classification(ray_on_spark, spark, tmp_path, kinds, metric):
+    ds = to_ray_dataset(spark.createDataFrame(helpers.classes(kinds)), ["store"])
+    config = job(tmp_path, target="label", features=["x1", "x2"], time_column=None,
+                 task="binary" if kinds == 2 else "multiclass",
+                 validation={"metric": metric}, ensemble="best")
+    result = train_segments(ds, config)
+    assert result.counts()["trained"] == 4
+    rows = result.segments
+    better = rows[f"metric_{metric}"] > rows[f"baseline_{metric}"] if metric == "auc" else (
+        rows[f"metric_{metric}"] < rows[f"baseline_{metric}"])
+    assert better.all()
+    models = result.models().to_pandas()
+    model = SegmentModel.from_rows(models[models.store == 0].to_dict("records"))
+    rows = helpers.classes(kinds).query("store == 0")
+    labels = model.predict(rows)
+    assert set(labels) <= {"no", "yes", "maybe"}
+    assert np.mean(labels == rows.label.to_numpy()) > 0.8  # the reloaded model is right
+    assert model.predict(rows, probabilities=True).shape == (len(rows), kinds)
+
+
+def test_resume_trains_only_missing_segments(shops_ds, ray_on_spark, spark, tmp_path):
+    half = to_ray_dataset(
+        spark.createDataFrame(helpers.shops().query("store in ['s0', 's1', 's2', 'few']")),
+        ["store"])
+    config = job(tmp_path, training={"output_dir": str(tmp_path), "run_id": "nightly",
+                                     "progress": False})
+    train_segments(half, config)  # the "interrupted" first attempt
+    resumed = train_segments(shops_ds, config.model_copy(
+        update={"training": config.training.model_copy(update={"resume": True})}))
+    parts = list((tmp_path / "nightly" / "results").glob("*.parquet"))
+    attempts = {p.stem.rsplit("-", 1)[1] for p in parts}
+    assert len(attempts) == 2  # the first attempt's results were kept
+    assert resumed.segments.store.is_unique and len(resumed.segments) == 11
+    uninterrupted = train_segments(shops_ds, job(tmp_path / "full"))
+    columns = ["store", "status", "metric_rmse"]
+    pd.testing.assert_frame_equal(
+        resumed.segments[columns].sort_values("store").reset_index(drop=True),
+        uninterrupted.segments[columns].sort_values("store").reset_index(drop=True))
+
+
+def test_few_segments_spread_over_tasks_match_in_process_fit(ray_on_spark, spark, tmp_path):
+    data = helpers.shops().query("store == 's4'")
+    ds = to_ray_dataset(spark.createDataFrame(data), ["store"])
+    config = job(tmp_path)
+    spread = train_segments(ds, config).segments.iloc[0]
+    plan = make_plan(config, ds.schema)
+    local, _ = train_segment(data.reset_index(drop=True), ("s4",), plan)
+    assert spread["status"] == local["status"] == "trained"
+    for column in ("metric_rmse", "ridge_rmse", "lgbm_rmse", "xgb_rmse", "chosen"):
+        assert spread[column] == pytest.approx(local[column])
+
+
+def test_large_segment_goes_through_ray_train(ray_on_spark, spark, tmp_path):
+    rng = np.random.default_rng(1)
+    n = 1500
+    big = pd.DataFrame({"store": "big", "x1": rng.normal(size=n), "x2": rng.normal(size=n),
+                        "color": rng.choice(["red", "blue"], n)})
+    big["y"] = 2 * big.x1 + (big.color == "red") + rng.normal(scale=0.1, size=n)
+    small = helpers.shops().query("store in ['s0', 's1']").drop(columns="day")
+    ds = to_ray_dataset(spark.createDataFrame(pd.concat([big, small])), ["store"])
+    config = job(tmp_path, time_column=None, refit=False, models=[
+        {"name": "xgb", "kind": "xgboost", "params": {"n_estimators": 30, "max_depth": 3}},
+        {"name": "ridge", "kind": "sklearn", "estimator": "sklearn.linear_model.Ridge"}],
+        training={"output_dir": str(tmp_path), "large_segment_rows": 1000, "progress": False})
+    result = train_segments(ds, config)
+    rows = by_store(result)
+    assert (rows.status == "trained").all()
+    assert "not data-parallel" in rows.loc["big", "reason"]
+    assert np.isnan(rows.loc["big", "ridge_rmse"]) and rows.loc["big", "xgb_rmse"] < 0.5
+    models = result.models().to_pandas()
+    member = models[models.store == "big"].iloc[0]
+    model = load(member.kind, member.payload, json.loads(member.meta))
+    prediction = model.predict(pd.DataFrame({"x1": [1.0], "x2": [0.0], "color": ["red"]}))
+    assert abs(prediction[0] - 3.0) < 0.5
+
+
+def test_bad_columns_are_refused_before_training(shops_ds, tmp_path):
+    with pytest.raises(DataError, match=r"column\(s\) \['price'\] not in the data"):
+        train_segments(shops_ds, job(tmp_path, features=["x1", "price"]))
+    with pytest.raises(DataError, match="not numeric"):
+        train_segments(shops_ds, job(tmp_path, target="color", features=["x1"]))
