@@ -79,3 +79,12 @@ def test_overrides_do_not_touch_the_input():
     data = {"a": {"b": 1}}
     assert apply_overrides(data, ["a.b=2", "a.c=x"]) == {"a": {"b": 2, "c": "x"}}
     assert data == {"a": {"b": 1}}
+
+
+def test_shipped_job_configs_are_valid():
+    from pathlib import Path
+
+    configs = sorted(Path(__file__).parent.parent.joinpath("jobs").glob("*.yml"))
+    assert configs
+    for path in configs:
+        assert JobConfig.load(path).models

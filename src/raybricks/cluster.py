@@ -370,8 +370,6 @@ def ray_cluster(
         stop_ray(cluster)
 
 
-def spark_for(config: ClusterConfig) -> SparkSession | None:
-    """The SparkSession the cluster mode needs: the active one, or a new local one."""
-    if resolve_mode(config) != "spark":
-        return active_spark()
-    return local_spark_session()
+def spark_session() -> SparkSession:
+    """The SparkSession that reads the source: the active one, or a new local one."""
+    return active_spark() or local_spark_session()

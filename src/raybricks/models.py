@@ -9,7 +9,9 @@ import path; categoricals one-hot encoded in a scikit-learn pipeline; pickled), 
 
 from __future__ import annotations
 
+import functools
 import importlib
+import inspect
 import itertools
 import json
 import math
@@ -17,15 +19,24 @@ import pickle
 from typing import Any
 
 import numpy as np
-import pandas as pd
 
 from raybricks.config import CandidateConfig, RangeSpace
 from raybricks.errors import ConfigError
-from raybricks.segmented_model import CLASSIFICATION, MemberModel, sklearn_input
+from raybricks.segmented_model import CLASSIFICATION, MemberModel
 
 DEFAULT_TRIALS = 10
 
 
+@functools.cache
+def accepted_parameters(factory: Any) -> frozenset[str]:
+    """The keyword parameters an estimator class or factory accepts (looked up once)."""
+    try:
+        return frozenset(inspect.signature(factory).parameters)
+    except (TypeError, ValueError):
+        return frozenset()
+
+
+@functools.cache
 def import_object(path: str) -> Any:
     """Import ``package.module.name``; a clear ConfigError when it does not exist."""
     module_name, _, attribute = path.rpartition(".")
@@ -108,12 +119,13 @@ def build_estimator(
         return cls(**(base | params))
     if kind == "sklearn":
         factory = import_object(candidate.estimator)
-        estimator = factory(**params)
-        accepted = estimator.get_params() if hasattr(estimator, "get_params") else {}
+        accepted = accepted_parameters(factory)
+        extra = {}
         if "random_state" in accepted and "random_state" not in params:
-            estimator.set_params(random_state=seed)
+            extra["random_state"] = seed
         if "n_jobs" in accepted and "n_jobs" not in params:
-            estimator.set_params(n_jobs=threads)
+            extra["n_jobs"] = threads
+        estimator = factory(**params, **extra)
         if classify and not hasattr(estimator, "predict_proba"):
             raise ConfigError(
                 f"models[{candidate.name}]: {candidate.estimator} has no predict_proba, "
@@ -134,24 +146,21 @@ def build_estimator(
 
 
 def fit(
-    candidate: CandidateConfig, params: dict[str, Any], X: pd.DataFrame, y: np.ndarray,
+    candidate: CandidateConfig, params: dict[str, Any], X: Any, y: np.ndarray,
     task: str, seed: int, threads: int, meta: dict[str, Any],
 ) -> Any:
-    """Fit one setting of a candidate on prepared features; returns the native model."""
-    categorical = list(meta.get("categorical", {}))
-    if candidate.kind in ("sklearn", "function"):
-        X = sklearn_input(X, meta)
+    """Fit one setting of a candidate on its prepared input (``Prepared.rows``): the
+    feature frame, or for ``sklearn`` the matrix of ``sklearn_input``."""
     if candidate.kind == "function":
         return import_object(candidate.function)(X, y, params)
-    numeric = [c for c in X.columns if c not in categorical]
+    categorical = list(meta.get("categorical", {}))
+    numeric = [c for c in meta["features"] if c not in categorical]
     estimator = build_estimator(candidate, params, task, seed, threads, categorical, numeric)
     return estimator.fit(X, y)
 
 
-def predict(kind: str, model: Any, X: pd.DataFrame, task: str, meta: dict[str, Any]):
+def predict(kind: str, model: Any, X: Any, task: str) -> np.ndarray:
     """Predict with a fitted in-memory model: values, or class probabilities."""
-    if kind in ("sklearn", "function"):
-        X = sklearn_input(X, meta)
     if task in CLASSIFICATION:
         return np.asarray(model.predict_proba(X), dtype="float64")
     return np.asarray(model.predict(X), dtype="float64").reshape(-1)
@@ -166,11 +175,6 @@ def serialize(kind: str, model: Any) -> bytes:
     return pickle.dumps(model, protocol=5)
 
 
-def stored_kind(kind: str) -> str:
-    """How a kind is stored and reloaded (``function`` models are pickled like sklearn)."""
-    return "sklearn" if kind == "function" else kind
-
-
 def load(kind: str, payload: bytes, meta: dict[str, Any]) -> MemberModel:
     """Reload a stored model exactly as consumers of the registered model will."""
-    return MemberModel(stored_kind(kind), payload, json.loads(json.dumps(meta)))
+    return MemberModel(kind, payload, json.loads(json.dumps(meta)))

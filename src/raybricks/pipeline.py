@@ -10,7 +10,7 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-from raybricks.cluster import ray_cluster, spark_for
+from raybricks.cluster import ray_cluster, spark_session
 from raybricks.config import JobConfig, SourceConfig
 from raybricks.data import resolve_source, select_and_filter, to_ray_dataset
 from raybricks.errors import DataError
@@ -53,7 +53,7 @@ def train(config: JobConfig, spark: SparkSession | None = None) -> TrainingResul
     start = time.perf_counter()
     for candidate in config.models:
         check_importable(candidate)
-    spark = spark or spark_for(config.cluster)
+    spark = spark or spark_session()
     columns = list(dict.fromkeys(
         (config.features or []) + [config.target]
         + ([config.time_column] if config.time_column else [])

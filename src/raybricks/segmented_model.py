@@ -1,7 +1,8 @@
 """Predicting with stored per-segment models, importing nothing from raybricks.
 
 Every fitted model is stored in its library's own format: LightGBM's model text,
-XGBoost's UBJSON, and scikit-learn's pickle (of scikit-learn objects only). Beside the
+XGBoost's UBJSON, and scikit-learn's pickle (of scikit-learn objects only; kind
+``function``: the pickle of the user's model, whose module the consumer needs). Beside the
 bytes, a small JSON ``meta`` says how to build the feature matrix: the feature order,
 the categories of each categorical feature, the task and the class labels.
 
@@ -25,8 +26,17 @@ def prepare_features(frame: pd.DataFrame, meta: dict[str, Any]) -> pd.DataFrame:
     """The feature matrix a model was trained on: its columns in its order, numbers as
     float64, categoricals with exactly the training categories (unseen values -> NaN)."""
     categorical: dict[str, list] = meta.get("categorical", {})
+    features = meta["features"]
+    plain = [
+        c for c in features
+        if c not in categorical and pd.api.types.is_numeric_dtype(frame[c].dtype)
+        and not pd.api.types.is_datetime64_any_dtype(frame[c].dtype)
+    ]
+    if len(plain) == len(features):  # the common case: one bulk conversion
+        values = frame[plain].to_numpy(dtype="float64", na_value=np.nan)
+        return pd.DataFrame(values, columns=plain, index=frame.index)
     columns = {}
-    for name in meta["features"]:
+    for name in features:
         values = frame[name]
         if name in categorical:
             columns[name] = pd.Categorical(
@@ -48,16 +58,23 @@ def to_float(values: pd.Series) -> np.ndarray:
     return pd.Series(values).astype("float64").to_numpy(na_value=np.nan)
 
 
-def sklearn_input(features: pd.DataFrame, meta: dict[str, Any]) -> pd.DataFrame:
-    """What scikit-learn models see: missing numbers filled with the training medians,
-    categoricals as plain objects for the pipeline's one-hot encoder."""
-    fill = {k: v for k, v in meta.get("fill", {}).items() if k in features.columns}
-    if fill and features[list(fill)].isna().to_numpy().any():
-        features = features.fillna(fill)
+def sklearn_input(features: pd.DataFrame, meta: dict[str, Any]) -> pd.DataFrame | np.ndarray:
+    """What scikit-learn models see: missing numbers filled with the training medians;
+    a plain float matrix when there are no categoricals, else a frame whose categoricals
+    are plain objects for the pipeline's one-hot encoder."""
+    fill = meta.get("fill", {})
     categorical = list(meta.get("categorical", {}))
-    if categorical:
-        features = features.astype({c: "object" for c in categorical})
-    return features
+    if not categorical:
+        matrix = features.to_numpy(dtype="float64", na_value=np.nan)
+        missing = np.isnan(matrix)
+        if missing.any():
+            medians = np.array([fill.get(c, 0.0) for c in features.columns])
+            matrix = np.where(missing, medians, matrix)
+        return matrix
+    present = {k: v for k, v in fill.items() if k in features.columns}
+    if present and features[list(present)].isna().to_numpy().any():
+        features = features.fillna(present)
+    return features.astype({c: "object" for c in categorical})
 
 
 class MemberModel:
@@ -90,10 +107,10 @@ class MemberModel:
             import xgboost as xgb
 
             raw = self.model.predict(xgb.DMatrix(features, enable_categorical=True))
-        elif self.task in CLASSIFICATION:
-            raw = self.model.predict_proba(sklearn_input(features, self.meta))
-        else:
-            raw = self.model.predict(sklearn_input(features, self.meta))
+        else:  # sklearn gets its prepared matrix; a user "function" model the frame
+            data = sklearn_input(features, self.meta) if self.kind == "sklearn" else features
+            classify = self.task in CLASSIFICATION
+            raw = self.model.predict_proba(data) if classify else self.model.predict(data)
         return self._shape(np.asarray(raw, dtype="float64"))
 
     def _shape(self, raw: np.ndarray) -> np.ndarray:

@@ -33,6 +33,7 @@ from raybricks.config import JobConfig
 from raybricks.data import SegmentedDataset, segment_starts
 from raybricks.errors import ConfigError
 from raybricks.models import trial_settings
+from raybricks.segmented_model import prepare_features
 from raybricks.training import segment as seg
 from raybricks.training.segment import FAILED, SKIPPED, TRAINED, Plan
 
@@ -149,11 +150,14 @@ def train_block(block: pa.Table, plan: Plan, done: frozenset | None) -> tuple[pa
 
     results, members = [], []
     frame = block.select(plan.columns).to_pandas()
+    # numeric features are converted once per block, not once per segment
+    features = None if plan.categorical else prepare_features(frame, {"features": plan.features})
     with threadpool_limits(plan.threads):
         for key, start, end in segment_bounds(block, plan.segment_by):
             if (done and key in done) or is_large(end - start, plan):
                 continue
-            row, rows = seg.train_segment(frame.iloc[start:end], key, plan)
+            part = None if features is None else features.iloc[start:end]
+            row, rows = seg.train_segment(frame.iloc[start:end], key, plan, part)
             results.append(row)
             keys = dict(zip(plan.segment_by, key, strict=True))
             members.extend(keys | r for r in rows)

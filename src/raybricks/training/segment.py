@@ -11,6 +11,7 @@ import hashlib
 import json
 import time
 import traceback
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,7 +22,7 @@ import pyarrow as pa
 from raybricks import models
 from raybricks.config import CandidateConfig, JobConfig
 from raybricks.errors import DataError
-from raybricks.segmented_model import CLASSIFICATION, prepare_features
+from raybricks.segmented_model import CLASSIFICATION, prepare_features, sklearn_input
 from raybricks.training import metrics
 
 TRAINED, SKIPPED, FAILED = "trained", "skipped", "failed"
@@ -123,6 +124,18 @@ class Prepared:
     splits: list[tuple[np.ndarray, np.ndarray]]
     meta: dict[str, Any]
     n_rows: int
+    _sklearn: Any = None
+
+    def rows(self, kind: str, indices: np.ndarray) -> Any:
+        """The model input for these rows: scikit-learn kinds get their prepared matrix
+        (built once per segment), the others a slice of the feature frame."""
+        if kind != "sklearn":
+            return self.X.iloc[indices]
+        if self._sklearn is None:
+            self._sklearn = sklearn_input(self.X, self.meta)
+        if isinstance(self._sklearn, np.ndarray):
+            return self._sklearn[indices]
+        return self._sklearn.iloc[indices]
 
 
 @dataclass
@@ -141,30 +154,46 @@ class Skip(Exception):
     """A segment that cannot be trained, with the reason users will read."""
 
 
-def prepare(frame: pd.DataFrame, plan: Plan, key: tuple) -> Prepared:
-    """Drop rows without a target, check the segment is trainable, build the splits."""
-    frame = frame[frame[plan.target].notna()]
-    n = len(frame)
+def prepare(
+    frame: pd.DataFrame, plan: Plan, key: tuple, features: pd.DataFrame | None = None
+) -> Prepared:
+    """Drop rows without a target, check the segment is trainable, build the splits.
+
+    ``features``: the segment's rows of ``prepare_features`` computed once for the whole
+    block (possible when no feature is categorical), to save per-segment conversions.
+    """
+    keep = frame[plan.target].notna().to_numpy()
+    order = None if keep.all() else np.flatnonzero(keep)
+    n = len(frame) if order is None else len(order)
     if n < plan.min_rows:
         raise Skip(f"too few rows: {n} < min_rows={plan.min_rows}")
     if plan.time_column:
-        frame = frame.sort_values(plan.time_column, kind="stable")
+        times = frame[plan.time_column].to_numpy()
+        base = np.arange(len(frame)) if order is None else order
+        order = base[np.argsort(times[base], kind="stable")]
+    if order is not None:
+        frame = frame.iloc[order]
+        features = None if features is None else features.iloc[order]
     categorical = {
         c: sorted(str(v) for v in frame[c].dropna().unique()) for c in plan.categorical
     }
     meta: dict[str, Any] = {"features": plan.features, "categorical": categorical,
                             "task": plan.task}
-    X = prepare_features(frame, meta)
+    X = prepare_features(frame, meta) if features is None else features
     numeric = [c for c in plan.features if c not in categorical]
-    usable = [c for c in numeric if np.nanstd(X[c].to_numpy()) > 0] + [
-        c for c in categorical if len(categorical[c]) > 1
-    ]
-    if not usable:
+    values = (X if not categorical else X[numeric]).to_numpy(dtype="float64")
+    if np.isnan(values).any():
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN columns
+            low, high = np.nanmin(values, axis=0), np.nanmax(values, axis=0)
+            medians = np.nan_to_num(np.nanmedian(values, axis=0), nan=0.0)
+    else:
+        low, high = values.min(axis=0, initial=np.inf), values.max(axis=0, initial=-np.inf)
+        medians = np.median(values, axis=0) if n else np.zeros(len(numeric))
+    varying = np.asarray(high > low)
+    if not varying.any() and not any(len(categorical[c]) > 1 for c in categorical):
         raise Skip("no usable feature: every feature is empty or constant in this segment")
-    with np.errstate(all="ignore"):
-        medians = np.nanmedian(X[numeric].to_numpy(), axis=0) if numeric else []
-    meta["fill"] = {c: (0.0 if m != m else float(m)) for c, m in zip(numeric, medians,
-                                                                     strict=True)}
+    meta["fill"] = dict(zip(numeric, medians.tolist(), strict=True))
     raw = frame[plan.target]
     if plan.task in CLASSIFICATION:
         classes = sorted(raw.unique().tolist(), key=lambda v: (str(type(v)), v))
@@ -176,9 +205,8 @@ def prepare(frame: pd.DataFrame, plan: Plan, key: tuple) -> Prepared:
         meta["classes"] = [v.item() if hasattr(v, "item") else v for v in classes]
     else:
         y = raw.to_numpy(dtype="float64")
-        if np.nanstd(y) == 0:
+        if y.min() == y.max():
             raise Skip(f"constant target: every value is {y[0]!r}")
-    X = X.reset_index(drop=True)
     return Prepared(X, y, make_splits(n, plan, key), meta, n)
 
 
@@ -225,13 +253,13 @@ def _fit_split(prep: Prepared, candidate, params, train, plan: Plan, seed: int):
         if len(trained) < 2:
             raise ValueError("the training split holds a single class")
         y = np.searchsorted(trained, y)
-    model = models.fit(candidate, params, prep.X.iloc[train], y, plan.task, seed,
-                       plan.threads, prep.meta)
+    model = models.fit(candidate, params, prep.rows(candidate.kind, train), y, plan.task,
+                       seed, plan.threads, prep.meta)
     return model, trained
 
 
 def _predict_split(prep, candidate, model, trained, rows, plan: Plan) -> np.ndarray:
-    raw = models.predict(candidate.kind, model, prep.X.iloc[rows], plan.task, prep.meta)
+    raw = models.predict(candidate.kind, model, prep.rows(candidate.kind, rows), plan.task)
     if trained is None:
         return raw
     if raw.ndim == 1:
@@ -306,7 +334,7 @@ def member_rows(prep: Prepared, members, plan: Plan, key: tuple) -> list[dict[st
             meta["trained_classes"] = trained.tolist()
         rows.append({
             "candidate": candidate.name,
-            "kind": models.stored_kind(candidate.kind),
+            "kind": candidate.kind,
             "weight": float(weight),
             "params": json.dumps(evaluation.params, default=str, sort_keys=True),
             "payload": models.serialize(candidate.kind, model),
@@ -388,12 +416,12 @@ def finish(
 
 
 def train_segment(
-    frame: pd.DataFrame, key: tuple, plan: Plan
+    frame: pd.DataFrame, key: tuple, plan: Plan, features: pd.DataFrame | None = None
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Train one segment. Never raises: the result row says trained, skipped or failed."""
     start = time.perf_counter()
     try:
-        prep = prepare(frame, plan, key)
+        prep = prepare(frame, plan, key, features)
         evaluations = [evaluate(prep, c, plan, key) for c in plan.candidates]
         row, members = finish(prep, evaluations, plan, key)
     except Exception as exc:  # noqa: BLE001 - a bad segment never stops the job
