@@ -55,3 +55,18 @@ def fit_or_explode(X, y, params):
         raise ValueError("x2 out of range for this model")
     numeric = ColumnTransformer([("numeric", SimpleImputer(), ["x1", "x2"])])
     return make_pipeline(numeric, LinearRegression()).fit(X, y)
+
+
+def fit_or_die_once(X, y, params):
+    """A user model whose first call kills its worker process (a lost worker); later
+    calls, in the retried task, fit normally."""
+    import os
+    from pathlib import Path
+
+    from sklearn.linear_model import LinearRegression
+
+    marker = Path(params["marker"])
+    if not marker.exists():
+        marker.write_text("died once")
+        os._exit(1)
+    return LinearRegression().fit(X[["x1"]], y)

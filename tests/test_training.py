@@ -209,3 +209,15 @@ def test_bad_columns_are_refused_before_training(shops_ds, tmp_path):
         train_segments(shops_ds, job(tmp_path, features=["x1", "price"]))
     with pytest.raises(DataError, match="not numeric"):
         train_segments(shops_ds, job(tmp_path, target="color", features=["x1"]))
+
+
+def test_lost_worker_is_retried_and_every_segment_accounted(ray_on_spark, spark, tmp_path):
+    data = helpers.shops().query("store in ['s0', 's1', 's2', 's3']")
+    ds = to_ray_dataset(spark.createDataFrame(data), ["store"], min_blocks=1)
+    marker = tmp_path / "died"
+    config = job(tmp_path, features=["x1"], models=[{
+        "name": "fragile", "kind": "function", "function": "tests.helpers.fit_or_die_once",
+        "params": {"marker": str(marker)}}])
+    result = train_segments(ds, config)
+    assert marker.read_text() == "died once"  # a worker really died mid-training
+    assert result.counts() == {"trained": 4, "skipped": 0, "failed": 0}

@@ -58,6 +58,8 @@ log = logging.getLogger(__name__)
 Strategy = Literal["auto", "chunks", "parquet", "arrow"]
 DEFAULT_MAX_BLOCK_ROWS = 200_000
 DEFAULT_ARROW_MAX_ROWS = 100_000
+#: Blocks per Ray CPU by default: enough tasks to balance uneven segments.
+BLOCKS_PER_CPU = 4
 
 
 @dataclass
@@ -368,7 +370,8 @@ def to_ray_dataset(
 
     ``columns``: the columns to keep besides ``segment_by`` (default: all). ``where``: a
     Spark SQL predicate applied before anything moves. ``min_blocks``: at least this many
-    Spark partitions (default: twice Ray's CPUs), so every Ray CPU gets work. Ray must
+    Spark partitions (default: four per Ray CPU, so uneven blocks still keep every CPU
+    busy to the end). Ray must
     be initialised (see ``raybricks.cluster``).
     """
     import ray
@@ -389,7 +392,7 @@ def to_ray_dataset(
         raise DataError(f"nothing to train on: {what}; check the source and the predicate")
     chosen = choose_strategy(strategy, df.sparkSession, num_rows, arrow_max_rows)
     if min_blocks is None:
-        min_blocks = 2 * int(ray.cluster_resources().get("CPU", 1))
+        min_blocks = BLOCKS_PER_CPU * int(ray.cluster_resources().get("CPU", 1))
     partitions = max(math.ceil(num_rows / max_block_rows), min_blocks)
     # blocks no larger than a partition's share, so every Ray CPU gets work
     max_block_rows = min(max_block_rows, math.ceil(num_rows / partitions))

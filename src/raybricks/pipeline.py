@@ -23,9 +23,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-#: Blocks per Ray CPU: enough tasks to balance uneven segments and show progress.
-BLOCKS_PER_CPU = 4
-
 
 def read_source(source: SourceConfig, spark: SparkSession) -> DataFrame:
     """The source as a Spark DataFrame: a table by name, or files at a path."""
@@ -63,12 +60,11 @@ def train(config: JobConfig, spark: SparkSession | None = None) -> TrainingResul
     )
     make_plan(config, to_arrow_schema(df.schema))  # column and type errors, before Ray
     timings["checks"] = time.perf_counter() - start
-    with ray_cluster(config.cluster, spark) as cluster:
+    with ray_cluster(config.cluster, spark):
         timings["cluster"] = time.perf_counter() - start - sum(timings.values())
         segmented = to_ray_dataset(
             df, config.segment_by,
             strategy=config.data.strategy, max_block_rows=config.data.max_block_rows,
-            min_blocks=BLOCKS_PER_CPU * max(cluster.num_cpus, 1),
             staging_dir=config.data.staging_dir,
         )
         timings["data"] = time.perf_counter() - start - sum(timings.values())
