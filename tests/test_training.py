@@ -221,3 +221,16 @@ def test_lost_worker_is_retried_and_every_segment_accounted(ray_on_spark, spark,
     result = train_segments(ds, config)
     assert marker.read_text() == "died once"  # a worker really died mid-training
     assert result.counts() == {"trained": 4, "skipped": 0, "failed": 0}
+
+
+def test_large_segment_without_boosting_candidates_trains_in_one_task(
+    ray_on_spark, spark, tmp_path
+):
+    data = helpers.shops().query("store in ['s0', 's5', 'few']")
+    ds = to_ray_dataset(spark.createDataFrame(data), ["store"], min_blocks=1)
+    config = job(tmp_path, models=[CANDIDATES[0]],
+                 training={"output_dir": str(tmp_path), "large_segment_rows": 100,
+                           "progress": False})
+    rows = by_store(train_segments(ds, config))
+    assert list(rows.status) == ["skipped", "trained", "trained"]  # few, s0, s5 (110 rows)
+    assert rows.loc["s5", "n_rows"] == 110 and rows.loc["s5", "chosen"] == '["ridge"]'

@@ -336,18 +336,18 @@ def _run_spread(refs, todo, plan: Plan, config: JobConfig, run_dir: Path) -> Non
     write_part(run_dir / "results", name, rows_to_table(results))
 
 
+def segment_rows(block: pa.Table, plan: Plan, key: tuple) -> pd.DataFrame:
+    """One segment's rows of a block, as the frame the segment logic takes."""
+    start, end = next((s, e) for k, s, e in segment_bounds(block, plan.segment_by) if k == key)
+    return block.slice(start, end - start).select(plan.columns).to_pandas()
+
+
 def _prepare_slice(block: pa.Table, plan: Plan, key: tuple):
     """The prepared segment (or the reason it is skipped), kept in the object store."""
-    for k, start, end in segment_bounds(block, plan.segment_by):
-        if k == key:
-            frame = block.slice(start, end - start).select(plan.columns).to_pandas()
-            try:
-                return seg.prepare(frame, plan, key)
-            except seg.Skip as reason:
-                return reason
-            except Exception as exc:  # noqa: BLE001 - reported as the segment's failure
-                return exc
-    raise KeyError(key)
+    try:
+        return seg.prepare(segment_rows(block, plan, key), plan, key)
+    except Exception as exc:  # noqa: BLE001 - Skip or failure, reported by _finish_segment
+        return exc
 
 
 def _evaluate_setting(prep, plan: Plan, key: tuple, name: str, params: dict):

@@ -55,14 +55,19 @@ def train_large_segments(refs, large_keys, plan: Plan, config: JobConfig, run_di
             write_part(run_dir / "results", name, rows_to_table([row]))
 
 
+def train_one_segment(block: pa.Table, plan: Plan, key: tuple):
+    """Ray task body: a large segment without boosting candidates, trained in one task."""
+    from raybricks.training.engine import segment_rows
+
+    return seg.train_segment(segment_rows(block, plan, key), key, plan)
+
+
 def split_segment(block: pa.Table, plan: Plan, key: tuple):
     """Ray task body: the segment's training rows, validation rows, and what the driver
     needs (model metadata, splits' targets, baseline)."""
-    from raybricks.training.engine import segment_bounds
+    from raybricks.training.engine import segment_rows
 
-    start, end = next((s, e) for k, s, e in segment_bounds(block, plan.segment_by) if k == key)
-    frame = block.slice(start, end - start).select(plan.columns).to_pandas()
-    prep = seg.prepare(frame, plan, key)
+    prep = seg.prepare(segment_rows(block, plan, key), plan, key)
     train, valid = prep.splits[0]
     table = pa.Table.from_pandas(prep.X.assign(**{LABEL: prep.y}), preserve_index=False)
     info = {
@@ -193,16 +198,7 @@ def train_large_segment(
 
     boosting = [c for c in plan.candidates if c.kind in DATA_PARALLEL_KINDS]
     if not boosting:  # nothing data-parallel to do: one task, like any segment
-        from raybricks.training.engine import train_block
-
-        one = seg.replace_plan(plan, large_segment_rows=0)
-        results, members = ray.get(ray.remote(train_block).remote(block_ref, one, None))
-        rows = results.to_pylist()
-        mine = [r for r in rows if tuple(r[c] for c in plan.segment_by) == key]
-        wanted = [m for m in members.to_pylist()
-                  if tuple(m[c] for c in plan.segment_by) == key]
-        return mine[0], [{k: v for k, v in m.items() if k not in plan.segment_by}
-                         for m in wanted]
+        return ray.get(ray.remote(train_one_segment).remote(block_ref, plan, key))
     try:
         train_ref, valid_ref, info_ref = ray.remote(num_returns=3)(split_segment).remote(
             block_ref, plan, key)
