@@ -10,7 +10,7 @@ import pytest
 
 from raybricks.config import JobConfig
 from raybricks.data import to_ray_dataset
-from raybricks.errors import DataError
+from raybricks.errors import ConfigError, DataError
 from raybricks.models import load
 from raybricks.segmented_model import SegmentModel
 from raybricks.training import train_segments
@@ -155,6 +155,8 @@ def test_resume_trains_only_missing_segments(shops_ds, ray_on_spark, spark, tmp_
     config = job(tmp_path, training={"output_dir": str(tmp_path), "run_id": "nightly",
                                      "progress": False})
     train_segments(half, config)  # the "interrupted" first attempt
+    with pytest.raises(ConfigError, match="already has results.*training.resume=true"):
+        train_segments(shops_ds, config)  # the same run again, without resume
     resumed = train_segments(shops_ds, config.model_copy(
         update={"training": config.training.model_copy(update={"resume": True})}))
     parts = list((tmp_path / "nightly" / "results").glob("*.parquet"))

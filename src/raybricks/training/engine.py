@@ -208,6 +208,11 @@ def train_segments(
     if config.training.resume and not config.training.run_id:
         raise ConfigError("training.resume needs training.run_id: the run to continue")
     run_dir = Path(config.training.output_dir) / run_id
+    if not config.training.resume and any((run_dir / "results").glob("*.parquet")):
+        raise ConfigError(
+            f"run {run_id!r} already has results in {run_dir}: set training.resume=true to "
+            "continue it, or pick another training.run_id"
+        )
     threads = max(int(max(c.resources.num_cpus for c in config.models)), 1)
     plan = seg.make_plan(config, segmented.schema, threads)
     refs = segmented.block_refs()
