@@ -118,6 +118,20 @@ def write_part(directory: Path, name: str, table: pa.Table) -> None:
     os.replace(tmp, directory / f"{name}.parquet")
 
 
+def write_outcome(run_dir: Path, name: str, results: pa.Table, models: pa.Table) -> None:
+    """Write one batch of result rows and serialized models as parts of the run."""
+    if models.num_rows:
+        write_part(run_dir / "models", name, models)
+    if results.num_rows:
+        write_part(run_dir / "results", name, results)
+
+
+def keyed_members(plan: Plan, key: tuple, members: list[dict[str, Any]]) -> list[dict]:
+    """A segment's serialized members, each with the segment's key columns."""
+    keys = dict(zip(plan.segment_by, key, strict=True))
+    return [keys | member for member in members]
+
+
 def read_parts(directory: Path) -> pa.Table:
     files = sorted(directory.glob("*.parquet")) if directory.exists() else []
     if not files:
@@ -159,8 +173,7 @@ def train_block(block: pa.Table, plan: Plan, done: frozenset | None) -> tuple[pa
             part = None if features is None else features.iloc[start:end]
             row, rows = seg.train_segment(frame.iloc[start:end], key, plan, part)
             results.append(row)
-            keys = dict(zip(plan.segment_by, key, strict=True))
-            members.extend(keys | r for r in rows)
+            members.extend(keyed_members(plan, key, rows))
     return rows_to_table(results), rows_to_table(members)
 
 
@@ -292,11 +305,7 @@ def _run_packed(refs, todo, plan, config, run_dir, done, n_todo, progress) -> No
                 results, models = ray.get(ready[0])
             except (ray.exceptions.RayError, ray.exceptions.RayTaskError) as exc:
                 results, models = _lost_block(todo[index], plan, exc), pa.table({})
-            name = f"part-{index:06d}-{attempt}"
-            if models.num_rows:
-                write_part(run_dir / "models", name, models)
-            if results.num_rows:
-                write_part(run_dir / "results", name, results)
+            write_outcome(run_dir, f"part-{index:06d}-{attempt}", results, models)
             bar.update(results.num_rows)
 
 
@@ -333,12 +342,9 @@ def _run_spread(refs, todo, plan: Plan, config: JobConfig, run_dir: Path) -> Non
     results, members = [], []
     for row, rows in ray.get(outputs):
         results.append(row)
-        key = tuple(row[c] for c in plan.segment_by)
-        members.extend(dict(zip(plan.segment_by, key, strict=True)) | r for r in rows)
-    name = f"part-spread-{uuid.uuid4().hex[:8]}"
-    if members:
-        write_part(run_dir / "models", name, rows_to_table(members))
-    write_part(run_dir / "results", name, rows_to_table(results))
+        members.extend(keyed_members(plan, tuple(row[c] for c in plan.segment_by), rows))
+    write_outcome(run_dir, f"part-spread-{uuid.uuid4().hex[:8]}", rows_to_table(results),
+                  rows_to_table(members))
 
 
 def segment_rows(block: pa.Table, plan: Plan, key: tuple) -> pd.DataFrame:

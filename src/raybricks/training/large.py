@@ -38,7 +38,7 @@ DATA_PARALLEL_KINDS = ("xgboost", "lightgbm")
 
 def train_large_segments(refs, large_keys, plan: Plan, config: JobConfig, run_dir: Path):
     """Train every large segment; write its result row and members like the engine does."""
-    from raybricks.training.engine import rows_to_table, write_part
+    from raybricks.training.engine import keyed_members, rows_to_table, write_outcome
 
     for block_ref, keys in zip(refs, large_keys, strict=True):
         for key in keys:
@@ -47,12 +47,8 @@ def train_large_segments(refs, large_keys, plan: Plan, config: JobConfig, run_di
                 row, members = train_large_segment(block_ref, key, plan, config, run_dir)
             except Exception as exc:  # noqa: BLE001 - a bad segment never stops the job
                 row, members = seg.result_for_error(exc, plan, key), []
-            name = f"part-large-{uuid.uuid4().hex[:10]}"
-            keys_dict = dict(zip(plan.segment_by, key, strict=True))
-            if members:
-                write_part(run_dir / "models", name, rows_to_table(
-                    [keys_dict | m for m in members]))
-            write_part(run_dir / "results", name, rows_to_table([row]))
+            write_outcome(run_dir, f"part-large-{uuid.uuid4().hex[:10]}",
+                          rows_to_table([row]), rows_to_table(keyed_members(plan, key, members)))
 
 
 def train_one_segment(block: pa.Table, plan: Plan, key: tuple):
