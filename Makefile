@@ -13,7 +13,7 @@ setup: $(STAMP)
 
 $(STAMP): pyproject.toml uv.lock | $(UV)
 	@scripts/check-java
-	$(UV) sync --frozen --python $(PYTHON)
+	$(UV) sync --frozen --all-extras --python $(PYTHON)
 	@touch $@
 
 .tools/bin/uv:
