@@ -1,4 +1,8 @@
-"""The ``raybricks`` command: ``train | score | demo | submit``."""
+"""The ``raybricks`` command: ``train | score | demo | submit``.
+
+Each verb is a pair: a function that adds its arguments and one that runs it; errors
+that are the user's to fix (RaybricksError) print one message and exit 2.
+"""
 
 from __future__ import annotations
 
@@ -8,22 +12,10 @@ import sys
 NOT_YET = "raybricks {verb}: not yet available (the {stage} stage has not landed yet)"
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="raybricks", description="Train one model per segment with Ray on Spark."
-    )
-    verbs = parser.add_subparsers(dest="verb", required=True)
-    train = verbs.add_parser("train", help="train every segment as a job config says")
-    train.add_argument("--config", required=True, help="job config YAML")
-    train.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
-    score = verbs.add_parser("score", help="score a table with a registered model")
-    score.add_argument("--model", required=True, help="models:/NAME@ALIAS")
-    score.add_argument("--input", required=True, help="table name or path")
-    score.add_argument("--output", required=True, help="table name or path")
-    verbs.add_parser("demo", help="the end-to-end demo on local defaults")
-    submit = verbs.add_parser("submit", help="one-time run on a Databricks workspace")
-    submit.add_argument("--config", required=True)
-    return parser
+def add_train_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", required=True, help="job config YAML")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a config key, e.g. --set training.resume=true")
 
 
 def run_train(args: argparse.Namespace) -> int:
@@ -37,19 +29,65 @@ def run_train(args: argparse.Namespace) -> int:
     return 1 if result.counts()["trained"] == 0 else 0
 
 
+def add_score_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", required=True, help="models:/NAME@ALIAS")
+    parser.add_argument("--input", required=True, help="table name or path")
+    parser.add_argument("--output", required=True, help="table name or path")
+
+
+def run_score(args: argparse.Namespace) -> int:
+    print(NOT_YET.format(verb="score", stage="scoring"), file=sys.stderr)
+    return 2
+
+
+def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
+    pass
+
+
+def run_demo(args: argparse.Namespace) -> int:
+    print(NOT_YET.format(verb="demo", stage="demo"), file=sys.stderr)
+    return 0
+
+
+def add_submit_arguments(parser: argparse.ArgumentParser) -> None:
+    from raybricks.submit import add_arguments
+
+    add_arguments(parser)
+
+
+def run_submit(args: argparse.Namespace) -> int:
+    from raybricks.submit import run
+
+    return run(args)
+
+
+VERBS = {
+    "train": ("train every segment as a job config says", add_train_arguments, run_train),
+    "score": ("score a table with a registered model", add_score_arguments, run_score),
+    "demo": ("the end-to-end demo on local defaults", add_demo_arguments, run_demo),
+    "submit": ("one-time run on a Databricks workspace", add_submit_arguments, run_submit),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="raybricks", description="Train one model per segment with Ray on Spark."
+    )
+    verbs = parser.add_subparsers(dest="verb", required=True)
+    for verb, (help_text, add_arguments, _) in VERBS.items():
+        add_arguments(verbs.add_parser(verb, help=help_text, description=help_text))
+    return parser
+
+
 def main(argv: list[str] | None = None) -> int:
     from raybricks.errors import RaybricksError
 
     args = build_parser().parse_args(argv)
-    if args.verb == "train":
-        try:
-            return run_train(args)
-        except RaybricksError as exc:
-            print(f"raybricks train: {exc}", file=sys.stderr)
-            return 2
-    stages = {"score": "scoring", "demo": "demo", "submit": "Databricks"}
-    print(NOT_YET.format(verb=args.verb, stage=stages[args.verb]), file=sys.stderr)
-    return 0 if args.verb == "demo" else 2
+    try:
+        return VERBS[args.verb][2](args)
+    except RaybricksError as exc:
+        print(f"raybricks {args.verb}: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":
