@@ -25,6 +25,8 @@ from raybricks.session import active_spark, local_spark_session, prepare_executo
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
+    from raybricks.databricks import ClusterSizing
+
 log = logging.getLogger(__name__)
 
 #: Environment variables that Ray workers need to reach MLflow and Databricks.
@@ -49,6 +51,8 @@ class SparkCapacity:
     slots_per_worker: int
     cores_per_worker: int
     task_cpus: int
+    #: Fewest workers of an autoscaling cluster (None: fixed size); Ray then autoscales too.
+    min_workers: int | None = None
 
     @property
     def total_slots(self) -> int:
@@ -126,6 +130,30 @@ def spark_capacity(spark: SparkSession) -> SparkCapacity:
     return SparkCapacity(False, executors, max(cores // task_cpus, 1), cores, task_cpus)
 
 
+def cluster_capacity(spark: SparkSession) -> SparkCapacity:
+    """What Ray may use: on Databricks the cluster spec (all workers, also those an
+    autoscaling or starting cluster has not registered yet), else Spark measured now."""
+    measured = spark_capacity(spark)
+    if measured.local_mode:
+        return measured
+    from raybricks.databricks import spark_cluster_sizing
+
+    sizing = spark_cluster_sizing(spark)  # None off Databricks or on any error
+    return measured if sizing is None else capacity_from_cluster_spec(measured, sizing)
+
+
+def capacity_from_cluster_spec(measured: SparkCapacity, sizing: ClusterSizing) -> SparkCapacity:
+    """The capacity a Databricks cluster spec declares, with Spark's ``task.cpus``."""
+    return SparkCapacity(
+        local_mode=False,
+        workers=sizing.max_workers,
+        slots_per_worker=max(sizing.cores_per_worker // measured.task_cpus, 1),
+        cores_per_worker=sizing.cores_per_worker,
+        task_cpus=measured.task_cpus,
+        min_workers=sizing.min_workers if sizing.autoscaling else None,
+    )
+
+
 def _executor_count(spark: SparkSession) -> int:
     """Executors registered now (the driver excluded), at least 1."""
     try:
@@ -181,6 +209,9 @@ def ray_on_spark_arguments(config: ClusterConfig, capacity: SparkCapacity) -> di
         args["num_gpus_worker_node"] = config.num_gpus_worker_node or 0
         if config.num_cpus_head_node is not None:
             args["num_cpus_head_node"] = config.num_cpus_head_node
+        if config.min_worker_nodes is None and capacity.min_workers is not None:
+            # an autoscaling Spark cluster: let Ray scale between the same bounds
+            args["min_worker_nodes"] = min(capacity.min_workers * nodes_per_worker, max_nodes)
     args["max_worker_nodes"] = max_nodes
     if config.min_worker_nodes is not None:
         args["min_worker_nodes"] = config.min_worker_nodes
@@ -281,7 +312,7 @@ def _start_on_spark(
             "use cluster.mode=local for a plain local Ray"
         )
     _check_executor_environment(spark)
-    args = ray_on_spark_arguments(config, spark_capacity(spark))
+    args = ray_on_spark_arguments(config, cluster_capacity(spark))
     log.info("starting Ray on Spark with %s", args)
     try:
         head_address, _client_address = setup_ray_cluster(**args)

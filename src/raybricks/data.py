@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Literal
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from raybricks.databricks import chunk_api_available, in_databricks_runtime
+from raybricks.databricks import STAGING_PREFIX, chunk_api_available, in_databricks_runtime
 from raybricks.errors import DataError
 
 if TYPE_CHECKING:
@@ -300,7 +300,7 @@ def staging_directory(root: str | None) -> Iterator[str]:
     """A unique directory under ``root`` (one per call: concurrent jobs never collide),
     removed afterwards whatever happens."""
     root = root or default_staging_root()
-    path = os.path.join(root, f"raybricks-staging-{uuid.uuid4().hex}")
+    path = os.path.join(root, f"{STAGING_PREFIX}{uuid.uuid4().hex}")
     try:
         yield path
     finally:

@@ -19,3 +19,7 @@ class ClusterError(RaybricksError):
 
 class DataError(RaybricksError, ValueError):
     """The input table cannot be turned into segments as asked."""
+
+
+class WorkspaceError(RaybricksError):
+    """A Databricks workspace call failed (not found, refused, timed out, server error)."""
