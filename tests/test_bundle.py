@@ -1,0 +1,356 @@
+"""Offline checks of the Databricks Asset Bundle and the job configs it runs.
+
+The bundle is loaded the way the CLI loads it (``databricks.yml`` merged with every file
+its ``include:`` globs match) and validated against the bundle JSON schema in
+``../shared/schemas``; each job also loads with ``databricks-bundles``; the wheel the
+bundle builds carries the entry point the jobs call; the job parameters parse with the
+real ``raybricks`` CLI and their job config validates. No workspace, Spark or Ray.
+"""
+
+from __future__ import annotations
+
+import configparser
+import copy
+import fnmatch
+import json
+import re
+import shlex
+import shutil
+import subprocess
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from raybricks.cli import build_parser
+from raybricks.config import JobConfig
+from raybricks.submit import ENTRY_POINT, PACKAGE_NAME, RAY_SPARK_CONF, RAY_SPARK_ENV
+
+REPO = Path(__file__).parents[1]
+SCHEMA = Path(__file__).parents[2] / "shared" / "schemas" / "databricks-bundle-config.schema.json"
+NOTEBOOK_HEADER = "# Databricks notebook source"
+REFERENCE = re.compile(r"\$\{([a-z_]+)\.([A-Za-z0-9_.\-\[\]]+)\}")
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def merge(into: dict, doc: dict, source: Path, where: str = "") -> None:
+    """Merge ``doc`` into ``into`` like the CLI: maps merge, a key defined twice is an error."""
+    for key, value in doc.items():
+        if key in into and isinstance(into[key], dict) and isinstance(value, dict):
+            merge(into[key], value, source, f"{where}{key}.")
+        elif key in into:
+            raise AssertionError(f"{source.name}: {where}{key} is already defined")
+        else:
+            into[key] = copy.deepcopy(value)
+
+
+def load_bundle(root: Path = REPO) -> tuple[dict, dict[Path, dict]]:
+    """The merged bundle and each of its files (``databricks.yml`` first)."""
+    main = yaml.safe_load((root / "databricks.yml").read_text())
+    files = {root / "databricks.yml": main}
+    merged = copy.deepcopy(main)
+    for pattern in main.get("include", []):
+        matches = sorted(root.glob(pattern))
+        assert matches, f"include {pattern!r} matches no file"
+        for path in matches:
+            files[path] = yaml.safe_load(path.read_text())
+            assert "include" not in files[path], f"{path.name}: includes belong in databricks.yml"
+            merge(merged, files[path], path)
+    return merged, files
+
+
+@pytest.fixture(scope="module")
+def bundle() -> dict:
+    return load_bundle()[0]
+
+
+@pytest.fixture(scope="module")
+def bundle_files() -> dict[Path, dict]:
+    return load_bundle()[1]
+
+
+def schema_validator():
+    """Draft 7 with ``pattern`` matched by the ``regex`` package (the schema uses \\p{L})."""
+    import regex
+    from jsonschema import Draft7Validator, ValidationError, validators
+
+    def pattern(validator, value, instance, schema):
+        if validator.is_type(instance, "string") and not regex.search(value, instance):
+            yield ValidationError(f"{instance!r} does not match {value!r}")
+
+    if not SCHEMA.is_file():
+        pytest.fail(f"bundle schema not found at {SCHEMA}: the shared/ folder must sit beside "
+                    "the repository (shared/schemas/databricks-bundle-config.schema.json)")
+    extended = validators.extend(Draft7Validator, {"pattern": pattern})
+    return extended(json.loads(SCHEMA.read_text()))
+
+
+@pytest.fixture(scope="module")
+def validator():
+    return schema_validator()
+
+
+def problems(validator, document: dict) -> list[str]:
+    """One line per place the schema rejects: the innermost errors, without the "or a
+    ${...} reference" alternatives that every object of the schema also allows."""
+
+    def leaves(error):
+        if not error.context:
+            yield error
+        for inner in error.context:
+            yield from leaves(inner)
+
+    found = {}
+    for error in validator.iter_errors(document):
+        for leaf in leaves(error):
+            if leaf.validator == "type" and isinstance(leaf.instance, dict | list):
+                continue
+            where = ".".join(map(str, leaf.absolute_path)) or "(top)"
+            messages = found.setdefault(where, [])
+            if len(messages) < 3:  # a scalar fails every ${...} pattern: the first few say it
+                messages.append(leaf.message[:200])
+    return [f"{where}: {'; '.join(messages)}" for where, messages in found.items()]
+
+
+def jobs_of(document: dict) -> dict[str, dict]:
+    return (document.get("resources") or {}).get("jobs") or {}
+
+
+def tasks_of(document: dict) -> Iterator[tuple[str, dict]]:
+    for name, job in jobs_of(document).items():
+        for task in job.get("tasks", []):
+            yield name, task
+
+
+def strings(node: object) -> Iterator[str]:
+    if isinstance(node, str):
+        yield node
+    elif isinstance(node, dict):
+        for key, value in node.items():
+            yield from strings(key)
+            yield from strings(value)
+    elif isinstance(node, list):
+        for item in node:
+            yield from strings(item)
+
+
+# --------------------------------------------------------------------------- schema
+
+
+def test_merged_bundle_validates_against_the_bundle_schema(bundle, validator):
+    assert {"training", "scoring", "train_and_score"} <= set(jobs_of(bundle))
+    assert problems(validator, bundle) == []
+
+
+def test_the_schema_check_catches_mistakes(bundle, validator):
+    broken = copy.deepcopy(bundle)
+    training = broken["resources"]["jobs"]["training"]
+    training["timeout_seconds"] = "four hours"  # neither an int nor a ${...} reference
+    training["tasks"][0]["python_wheel_task"]["entrypoint"] = "raybricks"  # misspelt key
+    found = problems(validator, broken)
+    assert any("timeout_seconds" in p for p in found)
+    assert any("entrypoint" in p for p in found)
+    (problem,) = problems(validator, {"bundle": {"nme": "x"}})
+    assert "'name' is a required property" in problem and "'nme' was unexpected" in problem
+
+
+def test_every_job_loads_with_databricks_bundles(bundle):
+    from databricks.bundles.jobs import Job
+
+    for name, spec in jobs_of(bundle).items():
+        job = Job.from_dict(spec)
+        assert job.tasks, name
+
+
+def test_targets_dev_by_default_and_prod_with_root_path_and_permissions(bundle):
+    targets = bundle["targets"]
+    assert targets["dev"]["mode"] == "development" and targets["dev"]["default"] is True
+    prod = targets["prod"]
+    assert prod["mode"] == "production"
+    assert prod["workspace"]["root_path"].startswith("/Workspace/")
+    assert {p["level"] for p in prod["permissions"]} >= {"CAN_MANAGE", "CAN_VIEW"}
+
+
+# --------------------------------------------------------------------------- references
+
+
+def test_every_variable_used_is_declared_and_every_declared_one_used(bundle, bundle_files):
+    declared = set(bundle["variables"])
+    used = {m.group(2).split(".")[0] for doc in bundle_files.values() for text in strings(doc)
+            for m in REFERENCE.finditer(text) if m.group(1) == "var"}
+    assert used - declared == set(), "used but not declared"
+    assert declared - used == set(), "declared but never used"
+    for target in bundle["targets"].values():
+        assert set(target.get("variables") or {}) <= declared
+
+
+def test_resource_references_and_task_dependencies_resolve(bundle):
+    for text in strings(bundle):
+        for kind, path in REFERENCE.findall(text):
+            if kind == "resources":
+                group, name, *_ = path.split(".")
+                assert name in bundle["resources"][group], text
+    for name, job in jobs_of(bundle).items():
+        keys = {task["task_key"] for task in job["tasks"]}
+        clusters = {c["job_cluster_key"] for c in job.get("job_clusters", [])}
+        for task in job["tasks"]:
+            assert {d["task_key"] for d in task.get("depends_on", [])} <= keys - {task["task_key"]}
+            if "job_cluster_key" in task:
+                assert task["job_cluster_key"] in clusters, (name, task["task_key"])
+    score = {t["task_key"]: t for t in bundle["resources"]["jobs"]["train_and_score"]["tasks"]}
+    assert score["score"]["depends_on"] == [{"task_key": "train"}]
+
+
+def file_problems(files: dict[Path, dict]) -> list[str]:
+    """Notebook tasks must point at notebooks, spark_python_task files at plain scripts.
+
+    Paths are relative to the file that defines the task, as the CLI resolves them.
+    """
+    found = []
+    for source, document in files.items():
+        for job, task in tasks_of(document):
+            notebook = (task.get("notebook_task") or {}).get("notebook_path")
+            script = (task.get("spark_python_task") or {}).get("python_file")
+            for path, want_notebook in ((notebook, True), (script, False)):
+                if not path or "${" in path or path.startswith("/"):
+                    continue
+                resolved = (source.parent / path).resolve()
+                if not resolved.is_file():
+                    found.append(f"{job}.{task['task_key']}: {path} does not exist")
+                    continue
+                lines = resolved.read_text().splitlines()
+                is_notebook = bool(lines) and lines[0].strip() == NOTEBOOK_HEADER
+                if is_notebook != want_notebook:
+                    found.append(f"{job}.{task['task_key']}: {path} "
+                                 f"{'is not' if want_notebook else 'is'} a notebook")
+    return found
+
+
+def test_task_files_exist_and_are_of_the_right_kind(bundle_files, tmp_path):
+    assert file_problems(bundle_files) == []
+    # the check itself catches a missing notebook and a notebook run as a script
+    (tmp_path / "nb.py").write_text(f"{NOTEBOOK_HEADER}\nprint(1)\n")
+    fake = {tmp_path / "x.yml": {"resources": {"jobs": {"j": {"tasks": [
+        {"task_key": "a", "notebook_task": {"notebook_path": "missing.py"}},
+        {"task_key": "b", "spark_python_task": {"python_file": "nb.py"}},
+        {"task_key": "c", "notebook_task": {"notebook_path": "nb.py"}},
+    ]}}}}}
+    assert file_problems(fake) == ["j.a: missing.py does not exist", "j.b: nb.py is a notebook"]
+
+
+# --------------------------------------------------------------------------- the wheel
+
+
+@pytest.fixture(scope="module")
+def built_wheel(bundle, tmp_path_factory) -> Path:
+    """The wheel, built with the bundle's own artifact command."""
+    (artifact,) = bundle["artifacts"].values()
+    command = shlex.split(artifact["build"])
+    assert command[:3] == ["uv", "build", "--wheel"]
+    uv = shutil.which("uv") or str(REPO / ".tools" / "bin" / "uv")
+    if not Path(uv).exists():
+        pytest.fail("uv not found on PATH or at .tools/bin/uv: run `make setup`")
+    out = tmp_path_factory.mktemp("wheel")
+    done = subprocess.run([uv, *command[1:], "--out-dir", str(out)], cwd=REPO / artifact["path"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    (wheel,) = out.glob("*.whl")
+    return wheel
+
+
+def wheel_entry_points(wheel: Path) -> tuple[str, dict[str, str]]:
+    """The wheel's distribution name and its console scripts."""
+    with zipfile.ZipFile(wheel) as archive:
+        info = next(n.split("/")[0] for n in archive.namelist() if ".dist-info/" in n)
+        metadata = archive.read(f"{info}/METADATA").decode()
+        parser = configparser.ConfigParser()
+        parser.read_string(archive.read(f"{info}/entry_points.txt").decode())
+    name = re.search(r"^Name: (.+)$", metadata, re.M).group(1).strip()
+    return name, dict(parser["console_scripts"])
+
+
+def test_wheel_tasks_call_entry_points_of_the_built_wheel(bundle, built_wheel):
+    import importlib
+
+    name, scripts = wheel_entry_points(built_wheel)
+    assert ENTRY_POINT in scripts and name == PACKAGE_NAME  # what `raybricks submit` runs
+    wheel_tasks = [t["python_wheel_task"] for _, t in tasks_of(bundle) if "python_wheel_task" in t]
+    assert len(wheel_tasks) == 2
+    for task in wheel_tasks:
+        assert task["package_name"] == name
+        assert task["entry_point"] in scripts
+        module, _, function = scripts[task["entry_point"]].partition(":")
+        assert callable(getattr(importlib.import_module(module), function))
+
+
+def test_wheel_libraries_point_at_the_built_wheel(bundle_files, built_wheel):
+    (artifact,) = bundle_files[REPO / "databricks.yml"]["artifacts"].values()
+    assert artifact["type"] == "whl"
+    dist = (REPO / artifact["path"] / "dist").resolve()  # where `uv build` writes
+    count = 0
+    for source, document in bundle_files.items():
+        for _, task in tasks_of(document):
+            for library in task.get("libraries", []):
+                pattern = (source.parent / library["whl"]).resolve()
+                assert pattern.parent == dist, library
+                assert fnmatch.fnmatch(built_wheel.name, pattern.name), library
+                count += 1
+    assert count == 2
+
+
+# --------------------------------------------------------------------------- what the jobs run
+
+
+def resolve(text: str, bundle: dict) -> str:
+    """Substitute bundle references as a dev deployment would (files synced to the root)."""
+    values = {f"var.{k}": str(v["default"]) for k, v in bundle["variables"].items()}
+    values.update({"workspace.file_path": str(REPO), "bundle.target": "dev",
+                   "bundle.name": bundle["bundle"]["name"]})
+    return REFERENCE.sub(lambda m: values[f"{m.group(1)}.{m.group(2)}"], text)
+
+
+def test_job_parameters_parse_with_the_cli_and_the_training_config_validates(bundle):
+    commands = {}
+    for _, task in tasks_of(bundle):
+        if "python_wheel_task" in task:
+            params = [resolve(p, bundle) for p in task["python_wheel_task"]["parameters"]]
+            args = build_parser().parse_args(params)
+            commands[args.verb] = args
+    train, score = commands["train"], commands["score"]
+    config = JobConfig.load(train.config, train.set)
+    model = bundle["variables"]["model_name"]["default"]
+    assert config.registry.name.endswith(f".{model}")
+    assert config.data.staging_dir.startswith("/Volumes/")
+    assert config.training.output_dir.startswith("/Volumes/")
+    assert score.model == f"models:/{config.registry.name}@champion"
+    assert score.input and score.output
+
+
+def test_training_cluster_runs_ray_on_spark_like_submit(bundle):
+    training = bundle["resources"]["jobs"]["training"]
+    (cluster,) = [c["new_cluster"] for c in training["job_clusters"]]
+    version = resolve(cluster["spark_version"], bundle)
+    major, minor = (int(x) for x in re.match(r"(\d+)\.(\d+)\.x-", version).groups())
+    assert "-ml-" in version and (major, minor) >= (15, 4)  # Ray on Spark + chunk API
+    assert cluster["data_security_mode"] == "SINGLE_USER"
+    assert set(cluster["autoscale"]) == {"min_workers", "max_workers"}
+    assert cluster["spark_conf"] == RAY_SPARK_CONF  # the same as `raybricks submit`
+    assert cluster["spark_env_vars"] == RAY_SPARK_ENV
+    for name, job in jobs_of(bundle).items():
+        assert job["timeout_seconds"] > 0, name
+        assert job["email_notifications"]["on_failure"], name
+
+
+# --------------------------------------------------------------------------- job configs
+
+
+def test_every_job_config_loads_and_the_task_types_are_covered():
+    tasks = {}
+    for path in sorted((REPO / "jobs").glob("*.yml")):
+        config = JobConfig.load(path)
+        tasks.setdefault(config.task, []).append(path.name)
+    assert set(tasks) == {"regression", "binary", "multiclass"}, tasks
