@@ -1,7 +1,9 @@
-"""The verbs end to end: ``train`` reads the source, starts Ray, converts, trains.
+"""The verbs end to end: ``train`` reads the source, starts Ray, converts, trains,
+then logs the run and registers the model in MLflow (on the driver, after Ray stops).
 
 Everything that can be checked without a cluster (the config, importable estimators,
-the source's existence, columns and types) is checked before Ray starts.
+the registry name, the source's existence, columns and types) is checked before Ray
+starts.
 """
 
 from __future__ import annotations
@@ -42,14 +44,21 @@ def read_source(source: SourceConfig, spark: SparkSession) -> DataFrame:
         ) from exc
 
 
-def train(config: JobConfig, spark: SparkSession | None = None) -> TrainingResult:
-    """Train every segment of the configured source; returns the TrainingResult."""
+def train(
+    config: JobConfig, spark: SparkSession | None = None, *, register: bool = True
+) -> TrainingResult:
+    """Train every segment of the configured source, then (``register``) log one MLflow
+    run and register the model; ``result.publication`` says what the registry did."""
     from pyspark.sql.pandas.types import to_arrow_schema
+
+    from raybricks import registry
 
     timings: dict[str, float] = {}
     start = time.perf_counter()
     for candidate in config.models:
         check_importable(candidate)
+    if register:
+        registry.check_registry_name(config, registry.configure_tracking().registry_uri)
     spark = spark or spark_session()
     columns = list(dict.fromkeys(
         (config.features or []) + [config.target]
@@ -71,4 +80,7 @@ def train(config: JobConfig, spark: SparkSession | None = None) -> TrainingResul
         result = train_segments(segmented, config)
         timings["training"] = time.perf_counter() - start - sum(timings.values())
     result.timings = timings
+    if register:
+        result.publication = registry.publish(result, config)
+        timings["registry"] = time.perf_counter() - start - sum(timings.values())
     return result

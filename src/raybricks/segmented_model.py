@@ -6,14 +6,21 @@ XGBoost's UBJSON, and scikit-learn's pickle (of scikit-learn objects only; kind
 bytes, a small JSON ``meta`` says how to build the feature matrix: the feature order,
 the categories of each categorical feature, the task and the class labels.
 
-This module is what consumers of the registered model run, so it depends only on
-numpy, pandas and the model libraries (imported lazily, per kind).
+This module is what consumers of the registered model run: MLflow logs this very file as
+the model's code ("models from code"), so it depends only on mlflow, numpy, pandas,
+pyarrow and the model libraries (imported lazily, per kind). Imported as part of
+raybricks, it does not import mlflow.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import pickle
+import warnings
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -154,3 +161,204 @@ class SegmentModel:
             return raw
         classes = np.asarray(self.meta["classes"], dtype=object)
         return classes[np.argmax(raw, axis=1)]
+
+
+# --------------------------------------------------------------------------- the store
+
+MANIFEST = "manifest.json"
+INDEX = "index.parquet"
+FALLBACK = "fallback.parquet"
+MEMBER_COLUMNS = ("kind", "payload", "meta", "weight")
+DEFAULT_CACHE_SEGMENTS = 2048
+
+
+class SegmentStore:
+    """Every segment's model in a directory of Parquet shards, loaded on demand.
+
+    ``manifest.json`` says what the model is (segment columns, features, task, classes);
+    ``index.parquet`` has one row per segment of the training run (key columns, status,
+    and the shard file and row group holding its members, -1 when it has no model);
+    ``models-NNNNN.parquet`` hold the members, each segment inside one row group;
+    ``fallback.parquet`` the global model, if one was trained. Segments are read when a
+    prediction needs them and kept in a least-recently-used cache of ``cache_segments``.
+    """
+
+    def __init__(self, directory: str | os.PathLike, cache_segments: int = DEFAULT_CACHE_SEGMENTS):
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        self.directory = Path(directory)
+        self.manifest = json.loads((self.directory / MANIFEST).read_text())
+        self.segment_by: list[str] = self.manifest["segment_by"]
+        self.features: list[str] = self.manifest["features"]
+        self.task: str = self.manifest["task"]
+        index = pq.read_table(self.directory / INDEX)
+        self.key_schema = pa.schema([index.schema.field(c) for c in self.segment_by])
+        keys = zip(*(index.column(c).to_pylist() for c in self.segment_by), strict=True)
+        self.entries: dict[tuple, tuple[str, int, int]] = {
+            key: (status, shard, group)
+            for key, status, shard, group in zip(
+                keys, index.column("status").to_pylist(), index.column("shard").to_pylist(),
+                index.column("row_group").to_pylist(), strict=True,
+            )
+        }
+        self.cache_segments = max(int(cache_segments), 1)
+        self._cache: OrderedDict[tuple, SegmentModel] = OrderedDict()
+        self.fallback: SegmentModel | None = None
+        if (self.directory / FALLBACK).exists():
+            self.fallback = SegmentModel.from_rows(pq.read_table(self.directory / FALLBACK)
+                                                   .select(MEMBER_COLUMNS).to_pylist())
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def models(self, keys: list[tuple]) -> dict[tuple, SegmentModel]:
+        """The models of these segments (those that have one), from cache or shards."""
+        import pyarrow.parquet as pq
+
+        found, wanted = {}, {}
+        for key in keys:
+            if key in self._cache:
+                self._cache.move_to_end(key)
+                found[key] = self._cache[key]
+            elif key in self.entries and self.entries[key][1] >= 0:
+                wanted.setdefault(self.entries[key][1:], set()).add(key)
+        for (shard, group), needed in sorted(wanted.items()):
+            path = self.directory / f"models-{shard:05d}.parquet"
+            rows = pq.ParquetFile(path).read_row_group(group).to_pylist()
+            members: dict[tuple, list[dict]] = {}
+            for row in rows:
+                key = tuple(row[c] for c in self.segment_by)
+                if key in needed:
+                    members.setdefault(key, []).append(row)
+            for key, member_rows in members.items():
+                found[key] = self._remember(key, SegmentModel.from_rows(member_rows))
+        return found
+
+    def _remember(self, key: tuple, model: SegmentModel) -> SegmentModel:
+        self._cache[key] = model
+        while len(self._cache) > self.cache_segments:
+            self._cache.popitem(last=False)
+        return model
+
+    def segment_keys(self, frame: pd.DataFrame) -> tuple[list[tuple], np.ndarray]:
+        """The distinct segment keys of the rows (typed as in training) and, per row, the
+        position of its key in that list."""
+        import pyarrow as pa
+
+        keys = frame[self.segment_by]
+        codes = keys.groupby(self.segment_by, dropna=False, sort=False).ngroup().to_numpy()
+        _, first = np.unique(codes, return_index=True)
+        distinct = keys.iloc[first]
+        try:
+            typed = pa.Table.from_pandas(distinct, preserve_index=False).cast(self.key_schema)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
+            raise ValueError(
+                f"segment columns {self.segment_by} cannot be read as the model's key types "
+                f"({self.key_schema}): {exc}"
+            ) from exc
+        columns = [typed.column(c).to_pylist() for c in self.segment_by]
+        return list(zip(*columns, strict=True)), codes
+
+    def predict(self, frame: pd.DataFrame, probabilities: bool = False) -> Prediction:
+        """One prediction per row, in input order, for rows of any mix of segments."""
+        missing = [c for c in self.segment_by + self.features if c not in frame.columns]
+        if missing:
+            raise ValueError(
+                f"input is missing column(s) {missing}: the model needs the segment columns "
+                f"{self.segment_by} and the features {self.features}"
+            )
+        frame = frame.reset_index(drop=True)
+        keys, codes = self.segment_keys(frame)
+        order = np.argsort(codes, kind="stable")
+        cuts = np.searchsorted(codes[order], np.arange(len(keys) + 1))
+        models = self.models(keys)
+        status = np.empty(len(frame), dtype=object)
+        outputs = Outputs(len(frame), self.task, self.manifest.get("classes"), probabilities)
+        unscored = 0
+        for position, key in enumerate(keys):
+            rows = order[cuts[position]:cuts[position + 1]]
+            known = self.entries.get(key)
+            status[rows] = known[0] if known else "unknown"
+            model = models.get(key) or self.fallback
+            if model is None:
+                unscored += len(rows)
+                continue
+            outputs.put(rows, model, frame.iloc[rows])
+        if unscored:
+            warnings.warn(
+                f"{unscored} row(s) of segments without a model (unknown, skipped or failed "
+                "in training) got a null prediction: the model has no global fallback",
+                stacklevel=2,
+            )
+        return Prediction(outputs.result(), status)
+
+
+@dataclass
+class Prediction:
+    """Predictions in input order, and each row's segment status in the model
+    (trained, skipped, failed or unknown: the last three scored by the fallback, if any)."""
+
+    values: pd.Series | pd.DataFrame
+    status: np.ndarray
+
+
+class Outputs:
+    """Collects per-segment predictions into one output in input order."""
+
+    def __init__(self, n: int, task: str, classes: list | None, probabilities: bool) -> None:
+        self.classify = task in CLASSIFICATION
+        self.probabilities = self.classify and probabilities
+        self.classes = list(classes or [])
+        if self.probabilities:
+            self.values = np.full((n, len(self.classes)), np.nan)
+        else:
+            self.values = np.full(n, None if self.classify else np.nan, dtype=object
+                                  if self.classify else "float64")
+
+    def put(self, rows: np.ndarray, model: SegmentModel, frame: pd.DataFrame) -> None:
+        predicted = model.predict(frame, probabilities=self.probabilities)
+        if not self.probabilities:
+            self.values[rows] = predicted
+            return
+        columns = [self.classes.index(c) for c in model.meta["classes"]]
+        block = np.zeros((len(rows), len(self.classes)))
+        block[:, columns] = predicted
+        self.values[rows] = block
+
+    def result(self) -> pd.Series | pd.DataFrame:
+        if self.probabilities:
+            return pd.DataFrame(self.values, columns=[str(c) for c in self.classes])
+        values = self.values
+        if self.classify:
+            values = pd.Series(values).infer_objects().to_numpy()
+        return pd.Series(values, name="prediction")
+
+
+# --------------------------------------------------------------------------- the pyfunc
+
+if __name__ != "raybricks.segmented_model":  # run by MLflow as the logged model's code
+    import mlflow
+    from mlflow.pyfunc import PythonModel
+
+    class SegmentedModel(PythonModel):
+        """The MLflow pyfunc: ``predict(frame)`` scores rows of any mix of segments.
+
+        ``params={"probabilities": True}`` gives class probabilities (classification).
+        ``model_config={"cache_segments": N}`` bounds how many segments stay loaded.
+        """
+
+        def load_context(self, context) -> None:
+            config = context.model_config or {}
+            self.store = SegmentStore(
+                context.artifacts["segments"],
+                int(config.get("cache_segments", DEFAULT_CACHE_SEGMENTS)),
+            )
+
+        def predict(self, context, model_input: pd.DataFrame, params: dict | None = None):
+            params = params or {}
+            frame = model_input if isinstance(model_input, pd.DataFrame) else pd.DataFrame(
+                model_input)
+            return self.store.predict(frame, bool(params.get("probabilities", False))).values
+
+    mlflow.models.set_model(SegmentedModel())

@@ -53,6 +53,7 @@ class TrainingResult:
     weights, validation metric of the ensemble, of every candidate and of the baseline,
     row counts, fit seconds). ``models()``: segment keys -> serialized members
     (candidate, kind, weight, params, payload, meta), read from the run directory.
+    ``fallback``: the global model's serialized members, if one was trained.
     """
 
     run_id: str
@@ -63,6 +64,10 @@ class TrainingResult:
     fallback: list[dict[str, Any]] | None
     seconds: float
     timings: dict[str, float] = field(default_factory=dict)  # wall seconds per stage
+    task: str = "regression"
+    features: list[str] = field(default_factory=list)
+    example: pd.DataFrame | None = None  # a few input rows (segment columns and features)
+    publication: Any = None  # set by raybricks.train: what MLflow logged and registered
 
     def models(self) -> pa.Table:
         return read_parts(self.run_dir / "models")
@@ -260,10 +265,26 @@ def train_segments(
         train_large_segments(refs, large, plan, config, run_dir)
     fallback = _run_fallback(refs, plan, config, segmented.num_rows, run_dir)
     segments = read_parts(run_dir / "results").to_pandas()
+    example = input_example(refs, bounds, segments, plan)
     result = TrainingResult(run_id, run_dir, plan.segment_by, plan.metric, segments,
-                            fallback, time.perf_counter() - start)
+                            fallback, time.perf_counter() - start, task=plan.task,
+                            features=plan.features, example=example)
     log.info("%s", result.summary())
     return result
+
+
+def input_example(refs, bounds, segments: pd.DataFrame, plan: Plan) -> pd.DataFrame | None:
+    """A few input rows (segment columns and features) of a trained segment, if any."""
+    import ray
+
+    trained = segments[segments.status == TRAINED]
+    wanted = tuple(trained.iloc[0][plan.segment_by]) if len(trained) else None
+    for ref, block in zip(refs, bounds, strict=True):
+        if block and (wanted is None or any(key == wanted for key, _ in block)):
+            key = wanted if wanted is not None else block[0][0]
+            rows = segment_rows(ray.get(ref), plan, key)
+            return rows[plan.segment_by + plan.features].head(5).reset_index(drop=True)
+    return None
 
 
 def _remote(fn, **options):

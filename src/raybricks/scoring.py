@@ -1,0 +1,205 @@
+"""Batch scoring from the registry: ``models:/NAME@ALIAS`` -> predictions, by segment.
+
+Spark lays the input out by segment (hash partitioning, then sorted within each
+partition), so each Python worker meets a segment in one run of consecutive batches and
+loads its model once, from the model directory shipped to the executors with
+``SparkContext.addFile``; no task loads every segment's model. Output: the input columns,
+``prediction`` (or one ``probability_<class>`` column per class), ``model_version`` and
+``segment_status`` (the segment's status in the model: trained, skipped, failed, unknown;
+rows of the last three are scored by the global fallback model, if any, else null).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from raybricks.config import SourceConfig
+from raybricks.errors import DataError, RaybricksError
+from raybricks.segmented_model import CLASSIFICATION, MANIFEST
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+log = logging.getLogger(__name__)
+
+SUPPORTED_FORMAT = 1
+_STORES: dict[str, object] = {}  # per Python worker: model directory -> SegmentStore
+
+
+@dataclass
+class ScoreSummary:
+    """What a scoring run wrote."""
+
+    model_uri: str
+    model_version: str | None
+    output: str
+    rows: int
+    status_counts: dict[str, int]
+    null_predictions: int
+    seconds: float
+
+    def __str__(self) -> str:
+        counts = ", ".join(f"{n} {s}" for s, n in sorted(self.status_counts.items()))
+        return (f"scored {self.rows} rows with {self.model_uri} (version "
+                f"{self.model_version}) into {self.output} in {self.seconds:.1f}s: {counts}; "
+                f"{self.null_predictions} without a prediction")
+
+
+def model_version_of(model_uri: str) -> str | None:
+    """The registry version behind ``models:/NAME@ALIAS`` or ``models:/NAME/N``."""
+    from mlflow import MlflowClient
+
+    alias = re.fullmatch(r"models:/(.+)@([^@/]+)", model_uri)
+    if alias:
+        return str(MlflowClient().get_model_version_by_alias(*alias.groups()).version)
+    number = re.fullmatch(r"models:/(.+)/(\d+)", model_uri)
+    return number.group(2) if number else None
+
+
+def download_model(model_uri: str, directory: str) -> Path:
+    """The model's files, local; a clear error when the URI does not resolve."""
+    import mlflow
+    from mlflow.exceptions import MlflowException
+
+    try:
+        return Path(mlflow.artifacts.download_artifacts(artifact_uri=model_uri,
+                                                        dst_path=directory))
+    except MlflowException as exc:
+        raise RaybricksError(
+            f"cannot load model {model_uri!r}: {exc.message.splitlines()[0]} "
+            f"(tracking URI {mlflow.get_tracking_uri()}; set MLFLOW_TRACKING_URI / "
+            "MLFLOW_REGISTRY_URI to the registry that holds it)"
+        ) from exc
+
+
+def read_input(name_or_path: str, spark: SparkSession) -> DataFrame:
+    """A table by name, or Parquet / CSV files at a path."""
+    from raybricks.pipeline import read_source
+
+    if "/" in name_or_path or name_or_path.endswith((".parquet", ".csv")):
+        fmt = "csv" if name_or_path.rstrip("/").endswith(".csv") else "parquet"
+        return read_source(SourceConfig(path=name_or_path, format=fmt), spark)
+    return read_source(SourceConfig(table=name_or_path), spark)
+
+
+def write_output(df: DataFrame, name_or_path: str) -> None:
+    """Overwrite a table by name, or Parquet / CSV files at a path."""
+    if "/" in name_or_path or name_or_path.endswith((".parquet", ".csv")):
+        writer = df.write.mode("overwrite")
+        if name_or_path.rstrip("/").endswith(".csv"):
+            writer.option("header", "true").csv(name_or_path)
+        else:
+            writer.parquet(name_or_path)
+    else:
+        df.write.mode("overwrite").saveAsTable(name_or_path)
+
+
+def output_fields(manifest: dict, probabilities: bool) -> list[tuple[str, str]]:
+    """The columns scoring adds, as (name, Spark SQL type)."""
+    classes = manifest.get("classes") or []
+    if manifest["task"] in CLASSIFICATION and probabilities:
+        added = [(f"probability_{c}", "double") for c in classes]
+    elif manifest["task"] in CLASSIFICATION and classes:
+        first = classes[0]
+        kind = ("boolean" if isinstance(first, bool) else "bigint" if isinstance(first, int)
+                else "double" if isinstance(first, float) else "string")
+        added = [("prediction", kind)]
+    else:
+        added = [("prediction", "double")]
+    return added + [("model_version", "string"), ("segment_status", "string")]
+
+
+def score_partitions(model_name: str, version: str | None, probabilities: bool,
+                     cache_segments: int):
+    """The mapInPandas function: predicts each batch with the worker's cached store."""
+
+    def predict(batches):
+        from pyspark import SparkFiles
+
+        from raybricks.segmented_model import SegmentStore
+
+        directory = str(Path(SparkFiles.get(model_name)) / "artifacts" / "segments")
+        store = _STORES.get(directory)
+        if store is None:
+            store = _STORES[directory] = SegmentStore(directory, cache_segments)
+        for batch in batches:
+            result = store.predict(batch, probabilities)
+            if probabilities and store.task in CLASSIFICATION:
+                for column in result.values.columns:
+                    batch[f"probability_{column}"] = result.values[column].to_numpy()
+            else:
+                batch["prediction"] = result.values.to_numpy()
+            batch["model_version"] = version
+            batch["segment_status"] = result.status
+            yield batch
+
+    return predict
+
+
+def score(
+    model_uri: str, input: str | DataFrame, output: str | None = None, *,
+    spark: SparkSession | None = None, probabilities: bool = False,
+    cache_segments: int = 2048, partitions: int | None = None,
+) -> ScoreSummary | DataFrame:
+    """Score a table (name, path or DataFrame) with a segmented model, by segment.
+
+    With ``output`` (table name or path) the predictions are written there and a
+    ScoreSummary returned; without, the scored Spark DataFrame is returned (lazy).
+    """
+    from raybricks.cluster import spark_session
+    from raybricks.registry import configure_tracking
+
+    start = time.perf_counter()
+    configure_tracking()
+    spark = spark or spark_session()
+    workdir = tempfile.mkdtemp(prefix="raybricks-score-")
+    local = download_model(model_uri, workdir)
+    manifest_path = local / "artifacts" / "segments" / MANIFEST
+    if not manifest_path.exists():
+        raise RaybricksError(f"{model_uri} is not a raybricks segmented model (no {MANIFEST})")
+    manifest = json.loads(manifest_path.read_text())
+    if manifest.get("format_version", 1) > SUPPORTED_FORMAT:
+        raise RaybricksError(
+            f"{model_uri} was written by a newer raybricks (format "
+            f"{manifest['format_version']}); upgrade raybricks to score it"
+        )
+    df = input if not isinstance(input, str) else read_input(input, spark)
+    segment_by, features = manifest["segment_by"], manifest["features"]
+    missing = [c for c in segment_by + features if c not in df.columns]
+    if missing:
+        raise DataError(
+            f"input is missing column(s) {missing}: the model needs the segment columns "
+            f"{segment_by} and the features {features}"
+        )
+    version = model_version_of(model_uri)
+    spark.sparkContext.addFile(str(local), recursive=True)
+    added = output_fields(manifest, probabilities)
+    schema = ", ".join([f"`{f.name}` {f.dataType.simpleString()}" for f in df.schema.fields]
+                       + [f"`{name}` {kind}" for name, kind in added])
+    partitions = partitions or max(df.rdd.getNumPartitions(),
+                                   spark.sparkContext.defaultParallelism)
+    scored = (
+        df.repartition(partitions, *segment_by)
+        .sortWithinPartitions(*segment_by)
+        .mapInPandas(score_partitions(local.name, version, probabilities, cache_segments),
+                     schema)
+    )
+    if output is None:
+        return scored
+    write_output(scored, output)
+    written = read_input(output, spark)
+    counts = {r["segment_status"]: r["count"]
+              for r in written.groupBy("segment_status").count().collect()}
+    nulls = 0 if "prediction" not in written.columns else written.filter(
+        written.prediction.isNull()).count()
+    summary = ScoreSummary(model_uri, version, output, sum(counts.values()), counts, nulls,
+                           time.perf_counter() - start)
+    log.info("%s", summary)
+    return summary

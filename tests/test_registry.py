@@ -1,0 +1,294 @@
+"""MLflow on SQLite: the run, the segmented pyfunc, registration and the alias gate."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import warnings
+
+import numpy as np
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+
+from raybricks import packaging, registry
+from raybricks.data import to_ray_dataset
+from raybricks.errors import ConfigError
+from raybricks.segmented_model import SegmentModel, SegmentStore
+from raybricks.training import train_segments
+from tests import helpers
+from tests.test_training import CANDIDATES, job
+
+STRONG = CANDIDATES[:1] + CANDIDATES[2:]  # ridge + xgboost
+WEAK = [{"name": "ridge", "kind": "sklearn", "estimator": "sklearn.dummy.DummyRegressor"}]
+
+
+@pytest.fixture(scope="module")
+def shops_ds(ray_on_spark, spark):
+    return to_ray_dataset(spark.createDataFrame(helpers.shops()), ["store"])
+
+
+def trained(ds, tmp_path_factory, **changes):
+    return train_segments(ds, job(tmp_path_factory.mktemp("runs"), **changes))
+
+
+@pytest.fixture(scope="module")
+def shops_result(shops_ds, tmp_path_factory):
+    return trained(shops_ds, tmp_path_factory, models=STRONG, ensemble="weighted",
+                   fallback="global")
+
+
+@pytest.fixture(scope="module")
+def shops_publication(shops_result, tmp_path_factory):
+    config = job(tmp_path_factory.mktemp("cfg"), models=STRONG, ensemble="weighted",
+                 fallback="global", registry={"name": "tests.shops.model"})
+    return registry.publish(shops_result, config)
+
+
+def member_prediction(result, store: str, frame: pd.DataFrame) -> np.ndarray:
+    """What the training run's own serialized members predict for one segment."""
+    models = result.models().to_pandas()
+    rows = models[models.store == store].to_dict("records")
+    return SegmentModel.from_rows(rows).predict(frame)
+
+
+def test_one_run_holds_params_metrics_tables_plots_and_the_model(shops_publication):
+    from mlflow import MlflowClient
+
+    client = MlflowClient()
+    run = client.get_run(shops_publication.run_id)
+    params, metrics = run.data.params, run.data.metrics
+    assert params["target"] == "y" and params["models.1.kind"] == "xgboost"
+    assert params["segment_by"] == '["store"]'
+    assert metrics["segments_trained"] == 8 and metrics["segments_skipped"] == 3
+    assert metrics["segments_total"] == 11
+    assert 0 < metrics["rmse_median"] <= metrics["rmse_p90"]
+    assert metrics["share_beats_baseline"] == 1.0
+    assert metrics["seconds_train_segments"] > 0
+    files = {f.path for f in client.list_artifacts(run.info.run_id, "results")}
+    files |= {f.path for f in client.list_artifacts(run.info.run_id, "plots")}
+    assert {"results/segments.parquet", "results/failures.parquet",
+            "plots/metric_distribution.png", "plots/model_vs_baseline.png",
+            "plots/chosen_candidates.png"} <= files
+    failures = pd.read_parquet(client.download_artifacts(run.info.run_id,
+                                                         "results/failures.parquet"))
+    assert set(failures.store) == {"few", "constant", "no_feature"}
+    assert failures.reason.notna().all()
+    # one registered version, tagged, holding both aliases (first version: promoted)
+    version = client.get_model_version_by_alias("tests.shops.model", "champion")
+    assert str(version.version) == shops_publication.version
+    assert client.get_model_version_by_alias("tests.shops.model", "challenger").version == \
+        version.version
+    assert version.tags["raybricks.segments_trained"] == "8"
+    assert version.tags["raybricks.config_hash"] == run.data.tags["raybricks.config_hash"]
+    assert shops_publication.decision["reason"] == "first version"
+
+
+def test_model_is_stored_compactly_in_native_formats(shops_publication, tmp_path):
+    import mlflow
+
+    local = mlflow.artifacts.download_artifacts(
+        artifact_uri="models:/tests.shops.model@champion", dst_path=str(tmp_path))
+    segments = tmp_path / "artifacts" / "segments"
+    assert local and {p.name for p in segments.iterdir()} == {
+        "manifest.json", "index.parquet", "models-00000.parquet", "fallback.parquet"}
+    members = pq.read_table(segments / "models-00000.parquet").to_pandas()
+    assert set(members.kind) == {"sklearn", "xgboost"}
+    assert set(members.store) == {f"s{i}" for i in range(8)}
+    requirements = (tmp_path / "requirements.txt").read_text().split()
+    names = sorted(r.split("==")[0] for r in requirements)
+    assert names == ["mlflow", "numpy", "pandas", "pyarrow", "scikit-learn", "xgboost"]
+    assert all("==" in r for r in requirements)
+
+
+BLOCK_RAYBRICKS = """
+import sys
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name == "raybricks" or name.startswith("raybricks."):
+            raise ImportError("raybricks is not installed here")
+sys.meta_path.insert(0, Block())
+"""
+
+
+def test_model_loads_and_predicts_where_raybricks_cannot_be_imported(
+        shops_publication, shops_result, tmp_path):
+    frame = helpers.shops().sample(frac=1.0, random_state=3).iloc[:40]
+    frame.to_parquet(tmp_path / "input.parquet")
+    code = BLOCK_RAYBRICKS + f"""
+import mlflow, pandas as pd
+model = mlflow.pyfunc.load_model("models:/tests.shops.model@champion")
+frame = pd.read_parquet({str(tmp_path / 'input.parquet')!r})
+model.predict(frame).to_frame().to_parquet({str(tmp_path / 'out.parquet')!r})
+print("raybricks imported:", any(m.startswith("raybricks") for m in sys.modules))
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "raybricks imported: False" in done.stdout
+    predicted = pd.read_parquet(tmp_path / "out.parquet")["prediction"].to_numpy()
+    for store in ["s0", "s5"]:
+        rows = (frame.store == store).to_numpy()
+        expected = member_prediction(shops_result, store, frame[rows])
+        np.testing.assert_allclose(predicted[rows], expected, rtol=1e-9)
+
+
+def test_predict_mixed_segments_in_input_order_with_fallback_and_errors(
+        shops_publication, shops_result):
+    import mlflow
+
+    model = mlflow.pyfunc.load_model("models:/tests.shops.model@champion")
+    data = helpers.shops()
+    frame = data.sample(frac=1.0, random_state=7).reset_index(drop=True)
+    frame.loc[:9, "store"] = "never-seen"
+    frame["extra"] = "ignored"
+    frame = frame[["extra", "color", "x2", "store", "x1", "day", "y"]]  # any column order
+    predicted = model.predict(frame).to_numpy()
+    assert len(predicted) == len(frame)
+    for store in ["s1", "s7"]:
+        rows = (frame.store == store).to_numpy()
+        np.testing.assert_allclose(predicted[rows],
+                                   member_prediction(shops_result, store, frame[rows]))
+    fallback = SegmentModel.from_rows(shops_result.fallback)
+    for store in ["never-seen", "few"]:  # unknown, and skipped in training
+        rows = (frame.store == store).to_numpy()
+        np.testing.assert_allclose(predicted[rows], fallback.predict(frame[rows]))
+    with pytest.raises(Exception, match="x2"):
+        model.predict(frame.drop(columns=["x2"]))
+
+
+def test_unknown_segments_without_fallback_get_null_and_a_counted_warning(
+        shops_result, tmp_path):
+    packaged = packaging.package_result(shops_result, tmp_path / "segments")
+    (tmp_path / "segments" / "fallback.parquet").unlink()
+    store = SegmentStore(tmp_path / "segments")
+    frame = helpers.shops().iloc[:30].assign(store=["s0"] * 10 + ["nowhere"] * 20)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = store.predict(frame)
+    assert packaged.with_model == 8
+    assert result.values.iloc[10:].isna().all() and result.values.iloc[:10].notna().all()
+    assert list(result.status[:10]) == ["trained"] * 10
+    assert set(result.status[10:]) == {"unknown"}
+    assert any("20 row(s)" in str(w.message) for w in caught)
+
+
+def test_segment_store_reads_only_needed_row_groups_and_bounds_its_cache(
+        shops_result, tmp_path, monkeypatch):
+    monkeypatch.setattr(packaging, "SEGMENTS_PER_ROW_GROUP", 3)
+    monkeypatch.setattr(packaging, "SEGMENTS_PER_SHARD", 5)
+    packaging.package_result(shops_result, tmp_path / "segments")
+    index = pq.read_table(tmp_path / "segments" / "index.parquet").to_pandas()
+    located = index[index.shard >= 0]
+    assert sorted(set(located.shard)) == [0, 1]  # 8 segments, 5 per shard
+    for _, row in located.iterrows():  # each segment whole inside its row group
+        group = pq.ParquetFile(tmp_path / "segments" / f"models-{row.shard:05d}.parquet")
+        stores = set(group.read_row_group(row.row_group).column("store").to_pylist())
+        assert row.store in stores
+    members = pq.read_table(tmp_path / "segments" / "models-00000.parquet")
+    assert members.num_rows == 5 * 2  # 5 segments x 2 members: none split off elsewhere
+    store = SegmentStore(tmp_path / "segments", cache_segments=2)
+    frame = helpers.shops()
+    first = store.predict(frame[frame.store.isin(["s0", "s1", "s6"])])
+    assert len(store._cache) == 2
+    again = store.predict(frame[frame.store.isin(["s0", "s1", "s6"])])
+    np.testing.assert_array_equal(first.values, again.values)
+
+
+def test_classification_returns_classes_or_probabilities(ray_on_spark, spark,
+                                                         tmp_path_factory):
+    import mlflow
+
+    data = helpers.classes(3)
+    ds = to_ray_dataset(spark.createDataFrame(data), ["store"])
+    config = job(tmp_path_factory.mktemp("runs"), target="label", features=["x1", "x2"],
+                 time_column=None, task="multiclass", models=STRONG,
+                 validation={"method": "holdout", "metric": "logloss"},
+                 registry={"name": "tests.classes.model"})
+    result = train_segments(ds, config)
+    publication = registry.publish(result, config)
+    model = mlflow.pyfunc.load_model(f"models:/tests.classes.model/{publication.version}")
+    labels = model.predict(data)
+    assert set(labels) <= {"maybe", "no", "yes"} and len(labels) == len(data)
+    assert (labels == data.label).mean() > 0.7
+    probabilities = model.predict(data, params={"probabilities": True})
+    assert list(probabilities.columns) == ["maybe", "no", "yes"]
+    np.testing.assert_allclose(probabilities.sum(axis=1), 1.0)
+    assert (probabilities.idxmax(axis=1).to_numpy() == labels.to_numpy()).all()
+    signature = model.metadata.signature
+    assert signature.outputs.input_names() == ["prediction"]
+    assert {"store", "x1", "x2"} == set(signature.inputs.input_names())
+
+
+def test_promotion_if_better_keeps_a_worse_champion_and_always_replaces_it(
+        shops_ds, shops_result, tmp_path_factory):
+    from mlflow import MlflowClient
+
+    name = "tests.gate.if_better"
+    strong = job(tmp_path_factory.mktemp("cfg"), models=STRONG,
+                 registry={"name": name, "promote": "if_better"})
+    first = registry.publish(shops_result, strong)
+    weak_result = trained(shops_ds, tmp_path_factory, models=WEAK)
+    weak = job(tmp_path_factory.mktemp("cfg"), models=WEAK,
+               registry={"name": name, "promote": "if_better"})
+    second = registry.publish(weak_result, weak)
+    assert second.decision["decision"] == "kept"
+    comparison = second.decision["comparison"]
+    assert comparison["common_segments"] == 8
+    assert comparison["challenger_mean"] > comparison["champion_mean"]
+    client = MlflowClient()
+    assert str(client.get_model_version_by_alias(name, "champion").version) == first.version
+    assert str(client.get_model_version_by_alias(name, "challenger").version) == \
+        second.version
+    run = client.get_run(second.run_id)
+    assert run.data.tags["raybricks.promotion"] == "kept"
+    assert run.data.metrics["promotion_common_segments"] == 8
+    always = weak.model_copy(update={"registry": weak.registry.model_copy(
+        update={"promote": "always"})})
+    third = registry.publish(weak_result, always)
+    assert third.champion_version == third.version != first.version
+
+
+def test_promotion_merge_takes_the_better_model_per_segment(
+        spark, shops_result, tmp_path_factory):
+    import mlflow
+
+    name = "tests.gate.merge"
+    strong = job(tmp_path_factory.mktemp("cfg"), models=STRONG,
+                 registry={"name": name, "promote": "merge"})
+    first = registry.publish(shops_result, strong)
+    # the challenger trains only four stores, weakly: the merge keeps the champion's
+    # models for all eight, and records where each came from
+    data = helpers.shops()
+    weak_ds = to_ray_dataset(
+        spark.createDataFrame(data[data.store.isin(["s0", "s1", "s2", "s3", "few"])]),
+        ["store"])
+    weak_result = trained(weak_ds, tmp_path_factory, models=WEAK)
+    second = registry.publish(weak_result, strong)
+    assert second.decision["decision"] == "merged"
+    merged = second.champion_version
+    assert merged not in (first.version, second.version)
+    assert second.decision["segments_from"] == {f"version {first.version}": 8,
+                                                f"version {second.version}": 1}
+    model = mlflow.pyfunc.load_model(f"models:/{name}@champion")
+    rows = data[data.store == "s2"]
+    np.testing.assert_allclose(model.predict(rows), member_prediction(shops_result, "s2", rows))
+    # re-registering the same run is idempotent: the same versions come back
+    again = registry.register_run(second.run_id, strong)
+    assert again.version == second.version and again.champion_version == merged
+
+
+def test_unity_catalog_names_are_checked_before_work(tmp_path):
+    config = job(tmp_path, registry={"name": "just_a_name"})
+    with pytest.raises(ConfigError, match="catalog.schema.model"):
+        registry.check_registry_name(config, "databricks-uc")
+    registry.check_registry_name(config, "sqlite:///x.db")  # any name elsewhere
+
+
+def test_flattened_params_stay_within_mlflow_limits():
+    flat = registry.flatten({"models": [{"name": "a", "params": {"x": "y" * 9000}}],
+                             "segment_by": ["s", "t"]})
+    assert flat["segment_by"] == '["s", "t"]'
+    assert len(flat["models.0.params.x"]) == registry.PARAM_VALUE_LIMIT
+    assert json.loads(flat["segment_by"]) == ["s", "t"]
