@@ -9,8 +9,6 @@ from __future__ import annotations
 import argparse
 import sys
 
-NOT_YET = "raybricks {verb}: not yet available (the {stage} stage has not landed yet)"
-
 
 def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", required=True, help="job config YAML")
@@ -26,6 +24,8 @@ def run_train(args: argparse.Namespace) -> int:
     result = train(config)
     print(result.summary())
     print(f"results and models: {result.run_dir}")
+    if result.publication is not None:
+        print(result.publication.describe())
     return 1 if result.counts()["trained"] == 0 else 0
 
 
@@ -33,20 +33,27 @@ def add_score_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, help="models:/NAME@ALIAS")
     parser.add_argument("--input", required=True, help="table name or path")
     parser.add_argument("--output", required=True, help="table name or path")
+    parser.add_argument("--probabilities", action="store_true",
+                        help="classification: one probability column per class")
 
 
 def run_score(args: argparse.Namespace) -> int:
-    print(NOT_YET.format(verb="score", stage="scoring"), file=sys.stderr)
-    return 2
+    from raybricks.scoring import score
+
+    summary = score(args.model, args.input, args.output, probabilities=args.probabilities)
+    print(summary)
+    return 0
 
 
 def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
-    pass
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a key of jobs/route_delay.yml")
 
 
 def run_demo(args: argparse.Namespace) -> int:
-    print(NOT_YET.format(verb="demo", stage="demo"), file=sys.stderr)
-    return 0
+    from raybricks.demo import run
+
+    return run(overrides=args.set)
 
 
 def add_submit_arguments(parser: argparse.ArgumentParser) -> None:

