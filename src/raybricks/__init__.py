@@ -3,8 +3,11 @@
 from raybricks.cluster import RayCluster, ray_cluster, start_ray, stop_ray
 from raybricks.config import ClusterConfig, JobConfig
 from raybricks.data import SegmentedDataset, to_ray_dataset
+from raybricks.demo import run as demo
 from raybricks.errors import ClusterError, ConfigError, DataError, RaybricksError, SetupError
 from raybricks.pipeline import train
+from raybricks.registry import Publication, RegistryError, publish, register_run
+from raybricks.scoring import ScoreSummary, score
 from raybricks.session import local_spark_session
 from raybricks.training import TrainingResult, train_segments
 
@@ -15,6 +18,13 @@ __all__ = [
     "ClusterError",
     "ConfigError",
     "DataError",
+    "Publication",
+    "RegistryError",
+    "ScoreSummary",
+    "demo",
+    "publish",
+    "register_run",
+    "score",
     "JobConfig",
     "RayCluster",
     "RaybricksError",
