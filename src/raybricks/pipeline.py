@@ -67,7 +67,8 @@ def train(
     df = select_and_filter(
         read_source(config.source, spark), config.segment_by, columns, config.source.where
     )
-    make_plan(config, to_arrow_schema(df.schema, timezone="UTC"))  # column and type errors, before Ray
+    # column and type errors, before Ray
+    make_plan(config, to_arrow_schema(df.schema, timezone="UTC"))
     timings["checks"] = time.perf_counter() - start
     with ray_cluster(config.cluster, spark):
         timings["cluster"] = time.perf_counter() - start - sum(timings.values())
