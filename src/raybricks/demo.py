@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from raybricks.config import JobConfig
 from raybricks.errors import SetupError
+from raybricks.session import save_table
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -86,11 +87,8 @@ def write_flights_tables(spark: SparkSession) -> tuple[int, int]:
     columns = ["origin", "dest", "carrier", "month", "day", "hour", "day_of_week",
                "dep_delay", "arr_delay", "distance", "time_hour", "temp", "humid",
                "wind_speed", "precip", "visib"]
-    df = spark.createDataFrame(joined[columns])
-    spark.sql(f"CREATE DATABASE IF NOT EXISTS {DATABASE}")
-    df.write.mode("overwrite").saveAsTable(TABLE)
-    holdout = spark.table(TABLE).where(F.col("month") > 10)
-    holdout.write.mode("overwrite").saveAsTable(HOLDOUT_TABLE)
+    save_table(spark.createDataFrame(joined[columns]), TABLE)
+    save_table(spark.table(TABLE).where(F.col("month") > 10), HOLDOUT_TABLE)
     return len(joined), spark.table(HOLDOUT_TABLE).count()
 
 

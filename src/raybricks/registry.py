@@ -62,6 +62,9 @@ def configure_tracking() -> TrackingTarget:
     and Unity Catalog inside Databricks, else ``sqlite:///./mlflow.db`` + ``./mlruns``."""
     import mlflow
 
+    # the model's requirements are exactly model_requirements(): no project lock files
+    os.environ.setdefault("MLFLOW_LOG_UV_FILES", "false")
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     artifacts = None
     if os.environ.get("MLFLOW_TRACKING_URI"):
         tracking = os.environ["MLFLOW_TRACKING_URI"]

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 from raybricks.config import SourceConfig
 from raybricks.errors import DataError, RaybricksError
 from raybricks.segmented_model import CLASSIFICATION, MANIFEST
+from raybricks.session import save_table
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -98,7 +99,7 @@ def write_output(df: DataFrame, name_or_path: str) -> None:
         else:
             writer.parquet(name_or_path)
     else:
-        df.write.mode("overwrite").saveAsTable(name_or_path)
+        save_table(df, name_or_path)
 
 
 def output_fields(manifest: dict, probabilities: bool) -> list[tuple[str, str]]:

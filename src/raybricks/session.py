@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from raybricks.errors import SetupError
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
+    from pyspark.sql import DataFrame, SparkSession
 
 MIN_JAVA = 17
 JAVA_HINT = (
@@ -112,4 +112,52 @@ def local_spark_session(
         builder = builder.config("spark.sql.warehouse.dir", str(Path(warehouse_dir).resolve()))
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
+    register_local_tables(spark)
     return spark
+
+
+def in_memory_catalog(spark: SparkSession) -> bool:
+    """True for Spark's default local catalog, which forgets tables when it stops."""
+    return spark.conf.get("spark.sql.catalogImplementation", "in-memory") == "in-memory"
+
+
+def warehouse_path(spark: SparkSession) -> Path:
+    return Path(spark.conf.get("spark.sql.warehouse.dir").removeprefix("file:"))
+
+
+def register_local_tables(spark: SparkSession) -> list[str]:
+    """Make the local catalog remember: register the Parquet tables an earlier session
+    left in the warehouse (``<db>.db/<table>``) again. Returns their names."""
+    if not in_memory_catalog(spark):
+        return []
+    found = []
+    for database in sorted(warehouse_path(spark).glob("*.db")):
+        spark.sql(f"CREATE DATABASE IF NOT EXISTS `{database.stem}`")
+        for table in sorted(p for p in database.iterdir() if p.is_dir()):
+            name = f"{database.stem}.{table.name}"
+            if any(table.glob("*.parquet")) and not spark.catalog.tableExists(name):
+                spark.catalog.createTable(name, path=str(table), source="parquet")
+                found.append(name)
+    return found
+
+
+def save_table(df: DataFrame, name: str) -> None:
+    """Overwrite a table. In the local in-memory catalog the table is Parquet files at the
+    warehouse's ``<db>.db/<table>`` registered by path, so a later session finds it
+    (``register_local_tables``); elsewhere (Databricks, Hive) ``saveAsTable``."""
+    spark = df.sparkSession
+    parts = name.split(".")
+    if not in_memory_catalog(spark) or len(parts) > 2:
+        df.write.mode("overwrite").saveAsTable(name)
+        return
+    database, table = parts if len(parts) == 2 else ("default", parts[0])
+    spark.sql(f"CREATE DATABASE IF NOT EXISTS `{database}`")
+    folder = "" if database == "default" else f"{database}.db"
+    path = warehouse_path(spark) / folder / table
+    staged = path.with_name(f".{table}.writing")
+    df.write.mode("overwrite").parquet(str(staged))  # the input may read the old files
+    spark.sql(f"DROP TABLE IF EXISTS `{database}`.`{table}`")
+    if path.exists():
+        shutil.rmtree(path)
+    staged.rename(path)
+    spark.catalog.createTable(f"{database}.{table}", path=str(path), source="parquet")
