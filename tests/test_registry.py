@@ -292,3 +292,45 @@ def test_flattened_params_stay_within_mlflow_limits():
     assert flat["segment_by"] == '["s", "t"]'
     assert len(flat["models.0.params.x"]) == registry.PARAM_VALUE_LIMIT
     assert json.loads(flat["segment_by"]) == ["s", "t"]
+
+
+def test_ten_thousand_segment_model_round_trip(shops_result, tmp_path, capsys):
+    """10,000 segments through log, register and load (time and size reported, not
+    asserted): a real Ridge member of the training run stands in for every segment."""
+    import time
+
+    import mlflow
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    members = shops_result.models()
+    ridge = members.filter(pc.and_(pc.equal(members.column("store"), "s3"),
+                                   pc.equal(members.column("kind"), "sklearn")))
+    keys = [f"k{i:05d}" for i in range(10_000)]
+    many = pa.concat_tables([ridge] * len(keys)).set_column(
+        0, "store", pa.array(keys, pa.string()))
+    index = pa.table({"store": keys, "status": ["trained"] * len(keys),
+                      "reason": pa.nulls(len(keys), pa.string()),
+                      "metric": [1.0] * len(keys), "baseline": [2.0] * len(keys),
+                      "chosen": ['["ridge"]'] * len(keys), "source": [""] * len(keys)})
+    manifest = {"format_version": 1, "segment_by": ["store"], "features": ["x1", "x2", "color"],
+                "task": "regression", "metric": "rmse", "classes": None}
+    start = time.perf_counter()
+    packaged = packaging.write_segments(tmp_path / "segments", manifest, index, many, None)
+    with mlflow.start_run():
+        info = registry.log_segmented_model(packaged, helpers.shops().head(5).assign(
+            store="k00000"), "segmented_model")
+    version = registry.register(info.model_uri, "tests.many.model", info.run_id, {}, "x")
+    logged = time.perf_counter() - start
+    model = mlflow.pyfunc.load_model(f"models:/tests.many.model/{version.version}")
+    frame = helpers.shops().sample(3000, replace=True, random_state=0).reset_index(
+        drop=True).assign(store=np.random.default_rng(0).choice(keys, 3000))
+    predicted = model.predict(frame)
+    loaded = time.perf_counter() - start - logged
+    expected = SegmentModel.from_rows(ridge.to_pylist()).predict(frame)
+    np.testing.assert_allclose(predicted, expected)
+    assert packaged.with_model == 10_000 and len(list(packaged.directory.glob("models-*"))) == 1
+    with capsys.disabled():
+        print(f"\n10,000-segment model: {packaged.size_bytes / 2**20:.1f} MiB, package+log+"
+              f"register {logged:.1f}s, load+predict 3,000 rows of ~2,600 segments "
+              f"{loaded:.1f}s")
