@@ -15,6 +15,7 @@ from raybricks.cluster import (
     SparkCapacity,
     disable_ray_token_auth,
     forwarded_env,
+    ray_cluster,
     ray_on_spark_arguments,
     spark_capacity,
     start_ray,
@@ -79,6 +80,17 @@ def test_forwarded_env_picks_mlflow_and_databricks_only(monkeypatch):
 def test_second_start_while_ray_runs_is_refused(ray_on_spark):
     with pytest.raises(ClusterError, match="already initialised"):
         start_ray(ClusterConfig(mode="local"))
+
+
+def test_auto_mode_runs_on_the_ray_this_process_is_connected_to(ray_on_spark):
+    import ray
+
+    with ray_cluster(ClusterConfig()) as cluster:
+        assert cluster.mode == "attached" and cluster.num_cpus == 2
+        assert ray.get(ray.put(20)) + 1 == 21
+    assert ray.is_initialized()  # connected before, still connected: not ours to stop
+    with pytest.raises(ClusterError, match="not cluster.address"):
+        start_ray(ClusterConfig(mode="address", address="10.0.0.1:6379"))
 
 
 def test_spark_capacity_of_local_mode(spark):

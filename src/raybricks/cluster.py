@@ -245,8 +245,26 @@ def _refuse_if_ray_running() -> None:
     if ray.is_initialized():
         raise ClusterError(
             "Ray is already initialised in this process (a ray.init() elsewhere): call "
-            "ray.shutdown() first, or pass cluster.mode=address with that cluster's address"
+            "ray.shutdown() first, or use cluster.mode=auto (or address) to run on it"
         )
+
+
+def _attach_if_connected(config: ClusterConfig) -> RayCluster | None:
+    """The Ray this process is already connected to (a notebook that started Ray on
+    Spark, say), when the config lets raybricks use it: mode auto, or address with no
+    other address. It stays connected afterwards: not ours to stop."""
+    import ray
+
+    if not ray.is_initialized() or config.mode not in ("auto", "address"):
+        return None
+    address = ray.get_runtime_context().gcs_address
+    if config.mode == "address" and config.address and config.address not in (
+            address, f"ray://{address}"):
+        raise ClusterError(
+            f"this process is connected to Ray at {address}, not cluster.address="
+            f"{config.address!r}: call ray.shutdown() first, or drop cluster.address"
+        )
+    return RayCluster("attached", address, {"address": address}, _owned=False)
 
 
 def start_ray(
@@ -254,6 +272,9 @@ def start_ray(
 ) -> RayCluster:
     """Start or connect to Ray as ``config`` says and connect this driver to it."""
     config = config or ClusterConfig()
+    attached = _attach_if_connected(config)
+    if attached is not None:
+        return attached
     mode = resolve_mode(config)
     disable_ray_token_auth()
     _refuse_if_ray_running()
@@ -351,9 +372,12 @@ def _check_executor_environment(spark: SparkSession) -> None:
 
 
 def stop_ray(cluster: RayCluster | None) -> None:
-    """Disconnect the driver and shut down whatever ``start_ray`` started. Idempotent."""
+    """Disconnect the driver and shut down whatever ``start_ray`` started. Idempotent.
+    A Ray the process was connected to before (mode ``attached``) is left as it was."""
     import ray
 
+    if cluster is not None and cluster.mode == "attached":
+        return
     if ray.is_initialized():
         ray.shutdown()
     if cluster is not None and cluster.mode == "spark" and cluster._owned:
