@@ -10,6 +10,13 @@ When there are fewer segments than CPUs, the engine spreads the work of each seg
 (candidates x settings) over tasks instead, with the segment's data in the object store
 once. Segments above ``training.large_segment_rows`` are trained data-parallel with
 Ray Train (see ``raybricks.training.large``).
+
+Faults: a task whose worker dies is retried by Ray (``training.max_retries``); a block
+whose task is lost beyond that is retrained one segment per task, so only a segment that
+keeps killing its worker ends ``failed``. With ``training.segment_timeout_s``, a watchdog
+thread in each task stops the worker when one segment's fit runs past the limit, after
+noting that segment on a small actor: the retried task skips it and the segment ends
+``failed`` ("timed out ..."), whatever the fit was stuck in (Python or native code).
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
 import time
 import uuid
 from collections.abc import Iterable
@@ -32,7 +40,7 @@ import pyarrow.parquet as pq
 from raybricks.config import JobConfig
 from raybricks.data import SegmentedDataset, segment_starts
 from raybricks.errors import ConfigError
-from raybricks.models import trial_settings
+from raybricks.models import check_importable, trial_settings
 from raybricks.segmented_model import prepare_features
 from raybricks.training import segment as seg
 from raybricks.training.segment import FAILED, SKIPPED, TRAINED, Plan
@@ -68,6 +76,7 @@ class TrainingResult:
     features: list[str] = field(default_factory=list)
     example: pd.DataFrame | None = None  # a few input rows (segment columns and features)
     publication: Any = None  # set by raybricks.train: what MLflow logged and registered
+    accounting: dict[str, int] = field(default_factory=dict)  # set by raybricks.train
 
     def models(self) -> pa.Table:
         return read_parts(self.run_dir / "models")
@@ -103,6 +112,9 @@ class TrainingResult:
         if counts[FAILED]:
             first = self.segments.loc[self.segments.status == FAILED, "reason"].iloc[0]
             lines.append(f"failed: {counts[FAILED]}, e.g. {first}")
+        if self.accounting:
+            lines.append(f"accounting: {self.accounting['source_segments']} segments in the "
+                         "source = trained + skipped + failed")
         return "\n".join(lines)
 
 
@@ -163,23 +175,121 @@ def segment_bounds(block: pa.Table, segment_by: list[str]) -> list[tuple[tuple, 
             for k, s, e in zip(keys, starts, ends, strict=True)]
 
 
-def train_block(block: pa.Table, plan: Plan, done: frozenset | None) -> tuple[pa.Table, pa.Table]:
-    """Ray task body: train every segment of one block that is not done yet."""
+def train_block(
+    block: pa.Table, plan: Plan, done: frozenset | None, only: frozenset | None = None,
+    watch: Watch | None = None,
+) -> tuple[pa.Table, pa.Table]:
+    """Ray task body: train every segment of one block that is not done yet (``only``:
+    just these segments). ``watch``: stop the worker when a segment runs past its time
+    limit (segments that already timed out are left out)."""
     from threadpoolctl import threadpool_limits
 
+    skip = set(done or ())
+    if watch is not None:
+        skip |= watch.timed_out()
+        warm_up(plan)
     results, members = [], []
     frame = block.select(plan.columns).to_pandas()
     # numeric features are converted once per block, not once per segment
     features = None if plan.categorical else prepare_features(frame, {"features": plan.features})
-    with threadpool_limits(plan.threads):
+    with threadpool_limits(plan.threads), SegmentWatchdog(watch) as watchdog:
         for key, start, end in segment_bounds(block, plan.segment_by):
-            if (done and key in done) or is_large(end - start, plan):
+            if key in skip or (only is not None and key not in only) or is_large(
+                end - start, plan
+            ):
                 continue
+            watchdog.started(key)
             part = None if features is None else features.iloc[start:end]
             row, rows = seg.train_segment(frame.iloc[start:end], key, plan, part)
+            watchdog.started(None)
             results.append(row)
             members.extend(keyed_members(plan, key, rows))
     return rows_to_table(results), rows_to_table(members)
+
+
+def warm_up(plan: Plan) -> None:
+    """Import the candidates' libraries and user code before any clock starts: a fresh
+    worker's imports are not part of a segment's fit time."""
+    import importlib
+
+    for candidate in plan.candidates:
+        if candidate.kind in ("lightgbm", "xgboost"):
+            importlib.import_module(candidate.kind)
+        if candidate.kind == "sklearn" or plan.categorical:
+            importlib.import_module("sklearn.pipeline")
+        check_importable(candidate)
+
+
+class TimeoutBoard:
+    """Ray actor: the segments whose fit ran past ``training.segment_timeout_s``."""
+
+    def __init__(self) -> None:
+        self.keys: dict[tuple, float] = {}
+
+    def report(self, key: tuple, seconds: float) -> None:
+        self.keys[key] = seconds
+
+    def timed_out(self) -> dict[tuple, float]:
+        return self.keys
+
+
+@dataclass
+class Watch:
+    """What a task's watchdog needs: the time limit and the board to report to."""
+
+    timeout_s: float
+    board: Any  # a TimeoutBoard actor handle
+
+    def timed_out(self) -> set[tuple]:
+        import ray
+
+        return set(ray.get(self.board.timed_out.remote()))
+
+
+class SegmentWatchdog:
+    """Inside a task: a thread that, when the current segment runs past the limit,
+    reports it to the board and ends the worker process (the only way to stop a fit
+    stuck in native code). Ray then retries the task, which skips that segment."""
+
+    def __init__(self, watch: Watch | None) -> None:
+        self.watch = watch
+        self.lock = threading.Lock()
+        self.key: tuple | None = None
+        self.since = 0.0
+        self.stop = threading.Event()
+
+    def __enter__(self) -> SegmentWatchdog:
+        if self.watch is not None:
+            threading.Thread(target=self._run, daemon=True, name="segment-watchdog").start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+
+    def started(self, key: tuple | None) -> None:
+        """The segment now being trained (None: between segments)."""
+        if self.watch is not None:
+            with self.lock:
+                self.key, self.since = key, time.monotonic()
+
+    def _run(self) -> None:
+        import ray
+
+        limit = self.watch.timeout_s
+        while not self.stop.wait(min(1.0, limit / 4)):
+            with self.lock:  # held to the end: the task cannot move to the next segment
+                elapsed = time.monotonic() - self.since
+                if self.key is None or elapsed <= limit or self.stop.is_set():
+                    continue
+                log.error("segment %s still fitting after %.1fs: stopping its worker",
+                          self.key, elapsed)
+                try:
+                    ray.get(self.watch.board.report.remote(self.key, elapsed), timeout=60)
+                finally:
+                    os._exit(TIMEOUT_EXIT_CODE)
+
+
+TIMEOUT_EXIT_CODE = 75
 
 
 def is_large(rows: int, plan: Plan) -> bool:
@@ -255,7 +365,8 @@ def train_segments(
         "training %d segments (%d large, %d done before) in %d blocks",
         sum(len(b) for b in bounds), sum(len(x) for x in large), len(done or ()), len(refs),
     )
-    if 0 < n_todo < cpus and done is None:
+    # with a time limit per segment, segments train in packed tasks, which enforce it
+    if 0 < n_todo < cpus and done is None and config.training.segment_timeout_s is None:
         _run_spread(refs, todo, plan, config, run_dir)
     elif n_todo:
         _run_packed(refs, todo, plan, config, run_dir, done, n_todo, progress)
@@ -301,7 +412,9 @@ def _progress_bar(total: int, enabled: bool):
 
 
 def _run_packed(refs, todo, plan, config, run_dir, done, n_todo, progress) -> None:
-    """One task per block; results written as they arrive."""
+    """One task per block; results written as they arrive. A block lost beyond its
+    retries is retrained one segment per task; with a time limit, segments that ran past
+    it end ``failed``."""
     import ray
 
     options = {
@@ -311,33 +424,69 @@ def _run_packed(refs, todo, plan, config, run_dir, done, n_todo, progress) -> No
         "retry_exceptions": False,
     }
     task = _remote(train_block, **options)
+    limit = config.training.segment_timeout_s
+    watch = Watch(limit, ray.remote(num_cpus=0)(TimeoutBoard).remote()) if limit else None
     done_ref = ray.put(done)
     plan_ref = ray.put(plan)
     pending = {
-        task.remote(ref, plan_ref, done_ref): i for i, ref in enumerate(refs) if todo[i]
+        task.remote(ref, plan_ref, done_ref, None, watch): (i, None)
+        for i, ref in enumerate(refs) if todo[i]
     }
     attempt = uuid.uuid4().hex[:8]
     show = config.training.progress if progress is None else progress
     with _progress_bar(n_todo, show) as bar:
+        parts = 0
         while pending:
             ready, _ = ray.wait(list(pending), num_returns=1)
-            index = pending.pop(ready[0])
+            index, only = pending.pop(ready[0])
             try:
                 results, models = ray.get(ready[0])
             except (ray.exceptions.RayError, ray.exceptions.RayTaskError) as exc:
-                results, models = _lost_block(todo[index], plan, exc), pa.table({})
-            write_outcome(run_dir, f"part-{index:06d}-{attempt}", results, models)
+                timed_out = watch.timed_out() if watch else set()
+                keys = [k for k in (todo[index] if only is None else only)
+                        if k not in timed_out]
+                if only is None and len(keys) > 1:  # isolate the culprit: one per task
+                    log.warning("block %d lost (%s): retraining its %d segments one per task",
+                                index, type(exc).__name__, len(keys))
+                    for key in keys:
+                        ref = task.remote(refs[index], plan_ref, None, frozenset([key]), watch)
+                        pending[ref] = (index, frozenset([key]))
+                    continue
+                results, models = _lost_block(keys, plan, exc), pa.table({})
+            write_outcome(run_dir, f"part-{index:06d}-{parts:06d}-{attempt}", results, models)
+            parts += 1
             bar.update(results.num_rows)
+    if watch is not None:
+        _write_timed_out(watch, limit, plan, run_dir, attempt)
+        ray.kill(watch.board)
 
 
 def _lost_block(keys: Iterable[tuple], plan: Plan, exc: Exception) -> pa.Table:
-    """Every segment of a block whose task failed beyond its retries ends ``failed``."""
+    """Segments whose task failed beyond its retries end ``failed`` with the error."""
     first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    reason = f"task lost after retries ({type(exc).__name__}): {first}"
+    reason = f"worker lost after retries ({type(exc).__name__}): {first}"
+    return failed_rows(keys, plan, reason)
+
+
+def failed_rows(keys: Iterable[tuple], plan: Plan, reason: str | list[str]) -> pa.Table:
+    """``failed`` result rows for these segments, with one reason or one each."""
+    keys = list(keys)
+    reasons = [reason] * len(keys) if isinstance(reason, str) else reason
     return rows_to_table([
-        dict(zip(plan.segment_by, key, strict=True)) | {"status": FAILED, "reason": reason}
-        for key in keys
+        dict(zip(plan.segment_by, key, strict=True)) | {"status": FAILED, "reason": why}
+        for key, why in zip(keys, reasons, strict=True)
     ])
+
+
+def _write_timed_out(watch: Watch, limit: float, plan: Plan, run_dir: Path, attempt: str):
+    """One ``failed`` row per segment that ran past the time limit."""
+    import ray
+
+    timed_out = ray.get(watch.board.timed_out.remote())
+    reasons = [f"timed out: still fitting after {seconds:.1f}s (training.segment_timeout_s="
+               f"{limit:g}); its worker was stopped" for seconds in timed_out.values()]
+    write_outcome(run_dir, f"part-timeout-{attempt}", failed_rows(timed_out, plan, reasons),
+                  pa.table({}))
 
 
 def _run_spread(refs, todo, plan: Plan, config: JobConfig, run_dir: Path) -> None:
@@ -345,10 +494,11 @@ def _run_spread(refs, todo, plan: Plan, config: JobConfig, run_dir: Path) -> Non
     the segment's prepared data put in the object store once."""
     import ray
 
-    prepare = _remote(_prepare_slice)
-    evaluate = _remote(_evaluate_setting, num_cpus=plan.threads)
-    finish = _remote(_finish_segment, num_cpus=plan.threads)
-    outputs = []
+    retries = config.training.max_retries
+    prepare = _remote(_prepare_slice, max_retries=retries)
+    evaluate = _remote(_evaluate_setting, num_cpus=plan.threads, max_retries=retries)
+    finish = _remote(_finish_segment, num_cpus=plan.threads, max_retries=retries)
+    outputs = {}
     for block_ref, keys in zip(refs, todo, strict=True):
         for key in keys:
             prep_ref = prepare.remote(block_ref, plan, key)
@@ -359,11 +509,15 @@ def _run_spread(refs, todo, plan: Plan, config: JobConfig, run_dir: Path) -> Non
                 ]
                 for c in plan.candidates
             }
-            outputs.append(finish.remote(prep_ref, plan, key, trials))
+            outputs[key] = finish.remote(prep_ref, plan, key, trials)
     results, members = [], []
-    for row, rows in ray.get(outputs):
+    for key, ref in outputs.items():
+        try:
+            row, rows = ray.get(ref)
+        except ray.exceptions.RayError as exc:  # lost beyond retries: only this segment
+            row, rows = _lost_block([key], plan, exc).to_pylist()[0], []
         results.append(row)
-        members.extend(keyed_members(plan, tuple(row[c] for c in plan.segment_by), rows))
+        members.extend(keyed_members(plan, key, rows))
     write_outcome(run_dir, f"part-spread-{uuid.uuid4().hex[:8]}", rows_to_table(results),
                   rows_to_table(members))
 
