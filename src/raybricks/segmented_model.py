@@ -40,7 +40,8 @@ def prepare_features(frame: pd.DataFrame, meta: dict[str, Any]) -> pd.DataFrame:
         and not pd.api.types.is_datetime64_any_dtype(frame[c].dtype)
     ]
     if len(plain) == len(features):  # the common case: one bulk conversion
-        values = frame[plain].to_numpy(dtype="float64", na_value=np.nan)
+        values = frame[plain].to_numpy(dtype="float64", na_value=np.nan, copy=True)
+        values[np.isinf(values)] = np.nan  # infinite values count as missing
         return pd.DataFrame(values, columns=plain, index=frame.index)
     columns = {}
     for name in features:
@@ -62,7 +63,9 @@ def to_float(values: pd.Series) -> np.ndarray:
         return seconds.to_numpy(dtype="float64", na_value=np.nan)
     if values.dtype == object:
         values = pd.to_numeric(values, errors="coerce")
-    return pd.Series(values).astype("float64").to_numpy(na_value=np.nan)
+    floats = pd.Series(values).astype("float64").to_numpy(na_value=np.nan, copy=True)
+    floats[np.isinf(floats)] = np.nan  # infinite values count as missing
+    return floats
 
 
 def sklearn_input(features: pd.DataFrame, meta: dict[str, Any]) -> pd.DataFrame | np.ndarray:

@@ -157,14 +157,20 @@ class Skip(Exception):
 def prepare(
     frame: pd.DataFrame, plan: Plan, key: tuple, features: pd.DataFrame | None = None
 ) -> Prepared:
-    """Drop rows without a target, check the segment is trainable, build the splits.
+    """Drop rows without a (finite) target, check the segment is trainable, build the
+    splits.
 
     ``features``: the segment's rows of ``prepare_features`` computed once for the whole
     block (possible when no feature is categorical), to save per-segment conversions.
     """
-    keep = frame[plan.target].notna().to_numpy()
+    target = frame[plan.target]
+    keep = target.notna().to_numpy()
+    if target.dtype.kind == "f":  # an infinite target is as unusable as a missing one
+        keep &= np.isfinite(target.to_numpy())
     order = None if keep.all() else np.flatnonzero(keep)
     n = len(frame) if order is None else len(order)
+    if n == 0:
+        raise Skip(f"no target: the target is null or infinite in all {len(frame)} rows")
     if n < plan.min_rows:
         raise Skip(f"too few rows: {n} < min_rows={plan.min_rows}")
     if plan.time_column:
