@@ -132,6 +132,15 @@ def select_and_filter(
     if columns is None:
         wanted += [c for c in df.columns if c not in wanted]
     available = {c.lower(): c for c in df.columns}
+    needed = {c.lower() for c in wanted}
+    twins = sorted(c for c in df.columns if c.lower() in needed
+                   and sum(o.lower() == c.lower() for o in df.columns) > 1)
+    if twins:
+        raise DataError(
+            f"columns {twins} differ only in case: Spark matches column names without "
+            "regard to case, so they cannot be told apart; rename or drop one (e.g. in a "
+            "view over the source) or list features without them"
+        )
     missing = [c for c in wanted if c.lower() not in available]
     if missing:
         raise DataError(

@@ -2,8 +2,10 @@
 then logs the run and registers the model in MLflow (on the driver, after Ray stops).
 
 Everything that can be checked without a cluster (the config, importable estimators,
-the registry name, the source's existence, columns and types) is checked before Ray
-starts.
+the registry name, the source's existence, columns and types, a target that is not
+entirely missing) is checked before Ray starts. At the end the job reconciles its result
+with the source (every distinct segment of the source has exactly one result row) and
+fails loudly, before anything is registered, when they disagree.
 """
 
 from __future__ import annotations
@@ -14,8 +16,8 @@ from typing import TYPE_CHECKING
 
 from raybricks.cluster import ray_cluster, spark_session
 from raybricks.config import JobConfig, SourceConfig
-from raybricks.data import resolve_source, select_and_filter, to_ray_dataset
-from raybricks.errors import DataError
+from raybricks.data import count_segments, resolve_source, select_and_filter, to_ray_dataset
+from raybricks.errors import DataError, RaybricksError
 from raybricks.models import check_importable
 from raybricks.training import TrainingResult, train_segments
 from raybricks.training.segment import make_plan
@@ -24,6 +26,10 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 log = logging.getLogger(__name__)
+
+
+class AccountingError(RaybricksError):
+    """The result does not hold exactly one row per distinct segment of the source."""
 
 
 def read_source(source: SourceConfig, spark: SparkSession) -> DataFrame:
@@ -42,6 +48,44 @@ def read_source(source: SourceConfig, spark: SparkSession) -> DataFrame:
             f"cannot read {source.format} at source.path={source.path!r}: "
             f"{str(exc).splitlines()[0]}"
         ) from exc
+
+
+def check_target(df: DataFrame, target: str, where: str | None) -> None:
+    """Refuse a source whose target is missing (null, NaN or infinite) in every row."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import DoubleType, FloatType
+
+    column = F.col(target)
+    usable = column.isNotNull()
+    if isinstance(df.schema[target].dataType, DoubleType | FloatType):
+        usable &= ~F.isnan(column) & (F.abs(column) != float("inf"))
+    if df.where(usable).limit(1).count() == 0:
+        rows = f"row matching where={where!r}" if where else "row of the source"
+        raise DataError(
+            f"target {target!r} is null (or NaN / infinite) in every {rows}: nothing to "
+            "train on; check the target column name and the source"
+        )
+
+
+def reconcile(result: TrainingResult, source_segments: int) -> dict[str, int]:
+    """Check the result holds exactly one row per distinct segment of the source
+    (trained + skipped + failed); returns the counts, raises AccountingError if not."""
+    counts = result.counts()
+    duplicates = int(result.segments[result.segment_by].duplicated().sum())
+    accounting = {"source_segments": source_segments, **counts, "duplicates": duplicates}
+    total = sum(counts.values())
+    if total != source_segments or duplicates:
+        raise AccountingError(
+            f"run {result.run_id} does not reconcile with its source: {source_segments} "
+            f"distinct segments in the source but {total} results ({counts}, {duplicates} "
+            f"duplicated). Nothing was registered; the results in {result.run_dir} are "
+            "kept. Was the source changed during the run, or a run_id reused with "
+            "training.resume over different data? Rerun with a new training.run_id"
+        )
+    log.info("accounting: %d segments in the source = %d trained + %d skipped + %d failed",
+             source_segments, counts["trained"], counts["skipped"], counts["failed"])
+    result.accounting = accounting
+    return accounting
 
 
 def train(
@@ -69,6 +113,7 @@ def train(
     )
     # column and type errors, before Ray
     make_plan(config, to_arrow_schema(df.schema, timezone="UTC"))
+    check_target(df, config.target, config.source.where)
     timings["checks"] = time.perf_counter() - start
     with ray_cluster(config.cluster, spark):
         timings["cluster"] = time.perf_counter() - start - sum(timings.values())
@@ -81,7 +126,28 @@ def train(
         result = train_segments(segmented, config)
         timings["training"] = time.perf_counter() - start - sum(timings.values())
     result.timings = timings
+    reconcile(result, count_segments(df, segmented.segment_by))
+    timings["accounting"] = time.perf_counter() - start - sum(timings.values())
     if register:
-        result.publication = registry.publish(result, config)
+        result.publication = publish(result, config)
         timings["registry"] = time.perf_counter() - start - sum(timings.values())
     return result
+
+
+def publish(result: TrainingResult, config: JobConfig):
+    """``registry.publish``; a failure says how to retry without training again."""
+    from raybricks import registry
+
+    try:
+        return registry.publish(result, config)
+    except registry.RegistryError:
+        raise  # already says what to retry (register_run with the MLflow run)
+    except Exception as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise registry.RegistryError(
+            f"publishing run {result.run_id} to MLflow failed ({type(exc).__name__}: "
+            f"{first}); nothing was registered and no alias moved. The training results "
+            f"are kept in {result.run_dir}: once MLflow is reachable, rerun with --set "
+            f"training.resume=true --set training.run_id={result.run_id} to publish them "
+            "without training again"
+        ) from exc
