@@ -287,6 +287,17 @@ def test_wheel_tasks_call_entry_points_of_the_built_wheel(bundle, built_wheel):
         assert callable(getattr(importlib.import_module(module), function))
 
 
+def test_wheel_leaves_spark_to_the_runtime_and_carries_the_demo_job(built_wheel):
+    with zipfile.ZipFile(built_wheel) as archive:
+        info = next(n.split("/")[0] for n in archive.namelist() if ".dist-info/" in n)
+        metadata = archive.read(f"{info}/METADATA").decode()
+        names = archive.namelist()
+    requires = re.findall(r"^Requires-Dist: (.+)$", metadata, re.M)
+    spark = [r for r in requires if r.startswith("pyspark")]
+    assert spark and all("extra ==" in r for r in spark)  # never installed unasked
+    assert "raybricks/route_delay.yml" in names  # `raybricks demo` from the wheel
+
+
 def test_wheel_libraries_point_at_the_built_wheel(bundle_files, built_wheel):
     (artifact,) = bundle_files[REPO / "databricks.yml"]["artifacts"].values()
     assert artifact["type"] == "whl"

@@ -72,7 +72,13 @@ def prepare_executor_environment() -> dict[str, str]:
 
 def active_spark() -> SparkSession | None:
     """The active SparkSession, if any (a notebook's ``spark``, or one made here)."""
-    from pyspark.sql import SparkSession
+    try:
+        from pyspark.sql import SparkSession
+    except ImportError as exc:
+        raise SetupError(
+            "pyspark is not installed: pip install 'raybricks[local]' for local Spark "
+            "(Databricks runtimes ship their own Spark)"
+        ) from exc
 
     return SparkSession.getActiveSession()
 
