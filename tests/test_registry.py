@@ -334,3 +334,33 @@ def test_ten_thousand_segment_model_round_trip(shops_result, tmp_path, capsys):
         print(f"\n10,000-segment model: {packaged.size_bytes / 2**20:.1f} MiB, package+log+"
               f"register {logged:.1f}s, load+predict 3,000 rows of ~2,600 segments "
               f"{loaded:.1f}s")
+
+
+def test_tracking_defaults_local_sqlite_databricks_and_env(monkeypatch, tmp_path):
+    import mlflow
+
+    before = mlflow.get_tracking_uri(), mlflow.get_registry_uri()
+    for name in ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI", "DATABRICKS_RUNTIME_VERSION"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.chdir(tmp_path)
+    try:
+        local = registry.configure_tracking()
+        assert local.tracking_uri == local.registry_uri == f"sqlite:///{tmp_path}/mlflow.db"
+        config = job(tmp_path, tracking={"experiment": "defaults"})
+        with mlflow.start_run(experiment_id=registry.experiment_id(config, local)):
+            mlflow.log_dict({"a": 1}, "a.json")
+        assert (tmp_path / "mlflow.db").exists()
+        assert list((tmp_path / "mlruns").rglob("a.json"))  # artifacts in ./mlruns
+        monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)  # mlflow sets it too
+        monkeypatch.setenv("DATABRICKS_RUNTIME_VERSION", "15.4")
+        workspace = registry.configure_tracking()
+        assert (workspace.tracking_uri, workspace.registry_uri) == ("databricks",
+                                                                    "databricks-uc")
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/other.db")
+        monkeypatch.setenv("MLFLOW_REGISTRY_URI", f"sqlite:///{tmp_path}/registry.db")
+        chosen = registry.configure_tracking()
+        assert chosen.tracking_uri.endswith("other.db")
+        assert mlflow.get_registry_uri().endswith("registry.db")
+    finally:
+        mlflow.set_tracking_uri(before[0])
+        mlflow.set_registry_uri(before[1])
