@@ -351,7 +351,8 @@ def test_tracking_defaults_local_sqlite_databricks_and_env(monkeypatch, tmp_path
             mlflow.log_dict({"a": 1}, "a.json")
         assert (tmp_path / "mlflow.db").exists()
         assert list((tmp_path / "mlruns").rglob("a.json"))  # artifacts in ./mlruns
-        monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)  # mlflow sets it too
+        for name in ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI"):  # mlflow sets them too
+            monkeypatch.delenv(name, raising=False)
         monkeypatch.setenv("DATABRICKS_RUNTIME_VERSION", "15.4")
         workspace = registry.configure_tracking()
         assert (workspace.tracking_uri, workspace.registry_uri) == ("databricks",
