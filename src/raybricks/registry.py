@@ -78,7 +78,26 @@ def configure_tracking() -> TrackingTarget:
     )
     mlflow.set_tracking_uri(tracking)
     mlflow.set_registry_uri(registry)
+    for uri in dict.fromkeys((tracking, registry)):
+        if uri.startswith("sqlite:///"):
+            create_sqlite_store(uri)
     return TrackingTarget(tracking, registry, artifacts)
+
+
+def create_sqlite_store(uri: str) -> None:
+    """Open a local SQLite store under a file lock: on a fresh file, opening creates the
+    tables, and two jobs doing that at once would otherwise collide."""
+    import fcntl
+
+    from mlflow import MlflowClient
+
+    path = Path(uri.removeprefix("sqlite:///"))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(f"{path}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        client = MlflowClient(tracking_uri=uri, registry_uri=uri)
+        client.search_experiments(max_results=1)
+        client.search_registered_models(max_results=1)
 
 
 def check_registry_name(config: JobConfig, registry_uri: str) -> None:
@@ -146,6 +165,8 @@ def aggregate_metrics(result: TrainingResult, candidates: list[str]) -> dict[str
     for stage, seconds in result.timings.items():
         out[f"seconds_{stage}"] = float(seconds)
     out["seconds_train_segments"] = float(result.seconds)
+    for key, count in result.accounting.items():  # set by raybricks.train's reconcile
+        out[f"accounting_{key}"] = float(count)
     return out
 
 
