@@ -152,14 +152,14 @@ def test_interrupted_driver_cleans_up_and_resume_finishes_like_an_uninterrupted_
         tmp_path / "job.yml", source, models=models,
         cluster={"mode": "local", "num_cpus": 2, "temp_dir": ray_temp},
         data={"strategy": "parquet", "staging_dir": str(staging)},
-        training={"output_dir": str(tmp_path / "runs"), "progress": False},
-        registry={"name": "tests.reliability.resume"})
+        training={"output_dir": str(tmp_path / "runs"), "progress": False})
     run_dir = tmp_path / "runs" / "nightly"
     driver = run_cli(config, "training.run_id=nightly", wait=False)
     try:
         wait_until(lambda: (release.parent / "waiting").exists() and sum(
             len(stores) for stores in result_parts(run_dir).values()) >= 4,
             "finished blocks and the slow fit")
+        assert ray_processes(ray_temp)  # the job's own Ray is running
         driver.send_signal(signal.SIGTERM)
         _, stderr = driver.communicate(timeout=120)
     finally:
@@ -172,10 +172,11 @@ def test_interrupted_driver_cleans_up_and_resume_finishes_like_an_uninterrupted_
     wait_until(lambda: not ray_processes(ray_temp), "Ray's processes to exit", 60)
 
     release.touch()
-    resumed = run_cli(config, "training.resume=true", "training.run_id=nightly")
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert "accounting: 13 segments in the source" in resumed.stdout
-    assert "registered tests.reliability.resume" in resumed.stdout
+    ds = to_ray_dataset(spark.read.parquet(str(source)), ["store"])
+    resume = ["training.resume=true", "training.run_id=nightly"]  # as --set on the CLI
+    resumed = train_segments(ds, JobConfig.load(config, resume))
+    source_segments = count_segments(spark.read.parquet(str(source)), ["store"])
+    assert pipeline.reconcile(resumed, source_segments)["source_segments"] == 13
     attempts = result_parts(run_dir)
     (first_attempt,) = first
     kept = attempts.pop(first_attempt)
@@ -184,13 +185,11 @@ def test_interrupted_driver_cleans_up_and_resume_finishes_like_an_uninterrupted_
     assert kept.isdisjoint(retrained) and len(kept | retrained) == 13  # each trained once
     assert "slow" in retrained
 
-    ds = to_ray_dataset(spark.read.parquet(str(source)), ["store"])
     plain = JobConfig.load(config, [f"training.output_dir={tmp_path / 'plain'}"])
     uninterrupted = train_segments(ds, plain)
-    again = pd.read_parquet(run_dir / "results")
     columns = ["store", "status", "metric_rmse", "chosen"]
     pd.testing.assert_frame_equal(
-        again[columns].sort_values("store").reset_index(drop=True),
+        resumed.segments[columns].sort_values("store").reset_index(drop=True),
         uninterrupted.segments[columns].sort_values("store").reset_index(drop=True))
 
 
@@ -220,6 +219,13 @@ def test_two_jobs_at_once_share_nothing_and_both_succeed(ray_on_spark, tmp_path)
         rows = pd.read_parquet(tmp_path / "runs" / f"job-{party}" / "results")
         assert sorted(rows.store) == ["meet"] + [f"s{i}" for i in range(6)]
     assert sorted(p.name for p in barrier.iterdir()) == ["a", "b"]  # they overlapped
+    from mlflow import MlflowClient
+
+    for party in ("a", "b"):  # each job logged its own accounting in its own MLflow run
+        version = MlflowClient().get_model_version_by_alias(
+            f"tests.reliability.concurrent_{party}", "champion")
+        metrics = MlflowClient().get_run(version.run_id).data.metrics
+        assert metrics["accounting_source_segments"] == metrics["segments_trained"] == 7
     assert list(staging.iterdir()) == []
 
 
