@@ -3,8 +3,8 @@
 from raybricks.cluster import RayCluster, ray_cluster, start_ray, stop_ray
 from raybricks.config import ClusterConfig, JobConfig
 from raybricks.data import SegmentedDataset, to_ray_dataset
-from raybricks.demo import run as demo
 from raybricks.errors import ClusterError, ConfigError, DataError, RaybricksError, SetupError
+from raybricks.flights_demo import run as demo
 from raybricks.pipeline import train
 from raybricks.registry import Publication, RegistryError, publish, register_run
 from raybricks.scoring import ScoreSummary, score

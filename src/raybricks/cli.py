@@ -51,7 +51,7 @@ def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_demo(args: argparse.Namespace) -> int:
-    from raybricks.demo import run
+    from raybricks.flights_demo import run
 
     return run(overrides=args.set)
 

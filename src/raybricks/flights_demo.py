@@ -163,14 +163,16 @@ def report(result: TrainingResult, holdout: dict[str, float], stages: Stages,
 
 
 def run(config_path: Path = CONFIG, overrides: list[str] | None = None) -> int:
-    """The demo end to end; returns the exit code."""
+    """The demo end to end; returns the exit code. Runs on the active SparkSession if
+    there is one (and leaves it running), else starts and stops a local one."""
     from raybricks.pipeline import train
     from raybricks.scoring import score
-    from raybricks.session import local_spark_session
+    from raybricks.session import active_spark, local_spark_session
 
     config = JobConfig.load(config_path, overrides)
     stages = Stages()
     flights_data_dir()  # a clear error before anything starts
+    owned = active_spark() is None
     spark = local_spark_session(app_name="raybricks-demo")
     try:
         stages.mark("spark")
@@ -186,5 +188,6 @@ def run(config_path: Path = CONFIG, overrides: list[str] | None = None) -> int:
                                  spark.table(TABLE).where(config.source.where or "true"))
         print(report(result, holdout, stages, summary))
     finally:
-        spark.stop()
+        if owned:
+            spark.stop()
     return 0 if result.counts()["trained"] else 1
