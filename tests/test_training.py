@@ -191,7 +191,8 @@ def test_large_segment_goes_through_ray_train(ray_on_spark, spark, tmp_path):
     small = helpers.shops().query("store in ['s0', 's1']").drop(columns="day")
     ds = to_ray_dataset(spark.createDataFrame(pd.concat([big, small])), ["store"])
     config = job(tmp_path, time_column=None, refit=False, models=[
-        {"name": "xgb", "kind": "xgboost", "params": {"n_estimators": 30, "max_depth": 3}},
+        {"name": "xgb", "kind": "xgboost", "params": {"n_estimators": 30},
+         "search": {"max_depth": [1, 3], "learning_rate": [0.02, 0.3]}},
         {"name": "ridge", "kind": "sklearn", "estimator": "sklearn.linear_model.Ridge"}],
         training={"output_dir": str(tmp_path), "large_segment_rows": 1000, "progress": False})
     result = train_segments(ds, config)
@@ -199,8 +200,13 @@ def test_large_segment_goes_through_ray_train(ray_on_spark, spark, tmp_path):
     assert (rows.status == "trained").all()
     assert "not data-parallel" in rows.loc["big", "reason"]
     assert np.isnan(rows.loc["big", "ridge_rmse"]) and rows.loc["big", "xgb_rmse"] < 0.5
+    # the search ran as one Ray Tune experiment (ASHA), a trial per grid setting, and the
+    # best setting is what was fitted: the slow learning rate cannot win in 30 rounds
+    (experiment,) = (result.run_dir / "ray_tune").glob("tune-xgb-*")
+    assert len(list(experiment.glob("*/result.json"))) == 4
     models = result.models().to_pandas()
     member = models[models.store == "big"].iloc[0]
+    assert json.loads(member.params)["learning_rate"] == 0.3
     model = load(member.kind, member.payload, json.loads(member.meta))
     prediction = model.predict(pd.DataFrame({"x1": [1.0], "x2": [0.0], "color": ["red"]}))
     assert abs(prediction[0] - 3.0) < 0.5

@@ -8,6 +8,12 @@ workers, evaluated on the validation rows, ensembled as configured, and refitted
 rows when ``refit`` is on. Candidates of other kinds are not fitted for large segments
 (the result row says so); with no boosting candidate at all, the segment is trained in
 one task like any other. The results land in the same tables as every other segment.
+
+A boosting candidate with a ``search`` space is tuned first with Ray Tune: one trial per
+setting (the same grid or seeded random draws as small segments), each a single-worker
+fit on the training rows that reports the validation loss after every boosting round,
+with the ASHA scheduler stopping the poor trials early; the best setting is then fitted
+data-parallel as above.
 """
 
 from __future__ import annotations
@@ -182,6 +188,78 @@ def fit_data_parallel(
         return (Path(directory) / MODEL_FILE).read_bytes()
 
 
+TUNE_METRIC = {"xgboost": {"regression": "rmse", "binary": "logloss",
+                           "multiclass": "mlogloss"},
+               "lightgbm": {"regression": "l2", "binary": "binary_logloss",
+                            "multiclass": "multi_logloss"}}
+
+
+def _tune_trial(config: dict, candidate: CandidateConfig, task: str, meta: dict,
+                train_rows: pa.Table, valid_rows: pa.Table) -> None:
+    """Ray Tune trial: fit one setting on the training rows, reporting the validation loss
+    after every boosting round (so ASHA can stop it early)."""
+    from ray import tune
+
+    train, valid = train_rows.to_pandas(), valid_rows.to_pandas()
+    setting = seg.replace_search(candidate, config["setting"])
+    params, rounds = native_params(setting, task, len(meta.get("classes") or []))
+    metric = TUNE_METRIC[candidate.kind][task]
+    x_train, x_valid = (prepare_features(frame, meta) for frame in (train, valid))
+    if candidate.kind == "xgboost":
+        import xgboost as xgb
+
+        class Report(xgb.callback.TrainingCallback):
+            def after_iteration(self, model, epoch, evals_log) -> bool:
+                tune.report({"loss": float(evals_log["valid"][metric][-1])})
+                return False
+
+        xgb.train(params | {"eval_metric": metric, "nthread": 1},
+                  xgb.DMatrix(x_train, label=train[LABEL], enable_categorical=True),
+                  num_boost_round=rounds, callbacks=[Report()], verbose_eval=False,
+                  evals=[(xgb.DMatrix(x_valid, label=valid[LABEL],
+                                      enable_categorical=True), "valid")])
+    else:
+        import lightgbm as lgb
+
+        def report(env) -> None:
+            tune.report({"loss": float(env.evaluation_result_list[0][2])})
+
+        dtrain = lgb.Dataset(x_train, label=train[LABEL])
+        lgb.train(params | {"metric": metric, "num_threads": 1}, dtrain,
+                  num_boost_round=rounds, callbacks=[report],
+                  valid_sets=[lgb.Dataset(x_valid, label=valid[LABEL], reference=dtrain)])
+
+
+def tune_candidate(candidate: CandidateConfig, train_ref, valid_ref, meta: dict, plan: Plan,
+                   storage: Path) -> dict[str, Any]:
+    """Search the candidate's space on a large segment with Ray Tune and ASHA; returns the
+    best setting (scikit-learn style parameters)."""
+    from ray import tune
+    from ray.tune.schedulers import ASHAScheduler
+
+    from raybricks.models import trial_settings
+
+    settings = trial_settings(candidate, seg.stable_seed(plan.seed, candidate.name, "tune"))
+    _, rounds = native_params(candidate, plan.task, len(meta.get("classes") or []))
+    trainable = tune.with_resources(
+        # with_parameters hands the trials the tables behind the references
+        tune.with_parameters(_tune_trial, candidate=candidate, task=plan.task, meta=meta,
+                             train_rows=train_ref, valid_rows=valid_ref),
+        {"CPU": candidate.resources.num_cpus},
+    )
+    scheduler = ASHAScheduler(max_t=max(rounds, 1), grace_period=max(rounds // 10, 1),
+                              reduction_factor=2)
+    tuner = tune.Tuner(
+        trainable,
+        param_space={"setting": tune.grid_search(settings)},
+        tune_config=tune.TuneConfig(metric="loss", mode="min", scheduler=scheduler),
+        run_config=tune.RunConfig(storage_path=str(storage.resolve()), verbose=0,
+                                  name=f"tune-{candidate.name}-{uuid.uuid4().hex[:8]}"),
+    )
+    best = tuner.fit().get_best_result(metric="loss", mode="min", scope="last")
+    return best.config["setting"]
+
+
 def predict_rows(kind: str, payload: bytes, meta: dict, table: pa.Table) -> np.ndarray:
     """Ray task body: a stored model's predictions for the validation rows."""
     return MemberModel(kind, payload, meta).predict(table.to_pandas())
@@ -210,6 +288,10 @@ def train_large_segment(
     evaluations = []
     for candidate in boosting:
         try:
+            if candidate.search:
+                best = tune_candidate(candidate, train_ref, valid_ref, meta, plan,
+                                      run_dir / "ray_tune")
+                candidate = seg.replace_search(candidate, best)
             payload = fit_data_parallel(candidate, [train_ref], meta, plan, config, storage)
             kind = candidate.kind
             predictions = ray.get(predict.remote(kind, payload, meta, valid_ref))
