@@ -31,7 +31,9 @@ lint: setup
 	$(VENV)/bin/ruff check .
 
 bench: setup
+	$(VENV)/bin/python bench/bench_training.py
 	$(VENV)/bin/python bench/bench_conversion.py
+	$(VENV)/bin/python bench/bench_scoring.py
 
 clean:
 	rm -rf $(VENV) .tools spark-warehouse .pytest_cache
