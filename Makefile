@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml uv.lock | $(UV)
 	.tools/bin/pip install --quiet "uv==$(UV_VERSION)"
 
 test: setup
-	$(VENV)/bin/ruff check src tests bench
+	$(VENV)/bin/ruff check .
 	$(VENV)/bin/pytest
 
 demo: setup
