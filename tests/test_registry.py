@@ -221,14 +221,19 @@ def test_classification_returns_classes_or_probabilities(ray_on_spark, spark,
     assert {"store", "x1", "x2"} == set(signature.inputs.input_names())
 
 
+def published_champion(result, tmp_path_factory, name: str, rule: str):
+    """The strong candidates' config under ``name`` and ``rule``, published first."""
+    config = job(tmp_path_factory.mktemp("cfg"), models=STRONG,
+                 registry={"name": name, "promote": rule})
+    return config, registry.publish(result, config)
+
+
 def test_promotion_if_better_keeps_a_worse_champion_and_always_replaces_it(
         shops_ds, shops_result, tmp_path_factory):
     from mlflow import MlflowClient
 
     name = "tests.gate.if_better"
-    strong = job(tmp_path_factory.mktemp("cfg"), models=STRONG,
-                 registry={"name": name, "promote": "if_better"})
-    first = registry.publish(shops_result, strong)
+    _, first = published_champion(shops_result, tmp_path_factory, name, "if_better")
     weak_result = trained(shops_ds, tmp_path_factory, models=WEAK)
     weak = job(tmp_path_factory.mktemp("cfg"), models=WEAK,
                registry={"name": name, "promote": "if_better"})
@@ -255,9 +260,7 @@ def test_promotion_merge_takes_the_better_model_per_segment(
     import mlflow
 
     name = "tests.gate.merge"
-    strong = job(tmp_path_factory.mktemp("cfg"), models=STRONG,
-                 registry={"name": name, "promote": "merge"})
-    first = registry.publish(shops_result, strong)
+    strong, first = published_champion(shops_result, tmp_path_factory, name, "merge")
     # the challenger trains only four stores, weakly: the merge keeps the champion's
     # models for all eight, and records where each came from
     data = helpers.shops()

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 from raybricks.config import JobConfig
 from raybricks.errors import SetupError
 from raybricks.session import save_table
+from raybricks.training.engine import beats_baseline
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -123,10 +124,8 @@ def report(result: TrainingResult, holdout: dict[str, float], stages: Stages,
         f"routes: {counts['trained']} trained, {counts['skipped']} skipped, "
         f"{counts['failed']} failed",
     ]
-    skipped = result.segments[result.segments.status == "skipped"]
-    if len(skipped):
-        reasons = skipped["reason"].str.split(":").str[0].value_counts()
-        lines.append("  skipped: " + ", ".join(f"{r} ({n})" for r, n in reasons.items()))
+    if counts["skipped"]:
+        lines.append("  skipped: " + result.skip_reasons())
     if len(trained):
         model = trained[f"metric_{m}"].astype(float)
         base = trained[f"baseline_{m}"].astype(float)
@@ -134,7 +133,7 @@ def report(result: TrainingResult, holdout: dict[str, float], stages: Stages,
             f"validation {m} (minutes, last weeks of Jan-Oct, per route):",
             f"  model    median {model.median():6.2f}   p90 {model.quantile(0.9):6.2f}",
             f"  baseline median {base.median():6.2f}   p90 {base.quantile(0.9):6.2f}"
-            f"   (model better on {(model < base).mean():.0%} of routes)",
+            f"   (model better on {beats_baseline(model, base, m):.0%} of routes)",
             "winning candidate: " + ", ".join(f"{k} {v}" for k, v in winners.items()),
         ]
     lines += [

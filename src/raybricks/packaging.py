@@ -20,7 +20,15 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from raybricks.data import segment_starts
-from raybricks.segmented_model import CLASSIFICATION, FALLBACK, INDEX, MANIFEST
+from raybricks.segmented_model import (
+    CLASSIFICATION,
+    FALLBACK,
+    INDEX,
+    MANIFEST,
+    SHARDS,
+    key_tuples,
+    shard_name,
+)
 from raybricks.training.engine import TrainingResult, read_parts, rows_to_table
 from raybricks.training.metrics import greater_is_better
 
@@ -109,10 +117,9 @@ def write_segments(
         starts = segment_starts(models, segment_by) + [models.num_rows]
         for shard, first in enumerate(range(0, len(starts) - 1, SEGMENTS_PER_SHARD)):
             last = min(first + SEGMENTS_PER_SHARD, len(starts) - 1)
-            _write_shard(directory / f"models-{shard:05d}.parquet", models, starts,
+            _write_shard(directory / shard_name(shard), models, starts,
                          first, last, shard, segment_by, located)
-    keys = zip(*(index.column(c).to_pylist() for c in segment_by), strict=True)
-    where = [located.get(key, (-1, -1)) for key in keys]
+    where = [located.get(key, (-1, -1)) for key in key_tuples(index, segment_by)]
     index = index.append_column("shard", pa.array([w[0] for w in where], pa.int32()))
     index = index.append_column("row_group", pa.array([w[1] for w in where], pa.int32()))
     pq.write_table(index, directory / INDEX)
@@ -130,21 +137,22 @@ def _write_shard(path, models, starts, first, last, shard, segment_by, located) 
             hi = min(lo + SEGMENTS_PER_ROW_GROUP, last)
             rows = models.slice(starts[lo], starts[hi] - starts[lo])
             writer.write_table(rows, row_group_size=max(rows.num_rows, 1))
-            keys = rows.select(segment_by).to_pylist()
+            keys = key_tuples(rows, segment_by)
             for position in range(lo, hi):
-                row = keys[starts[position] - starts[lo]]
-                located[tuple(row[c] for c in segment_by)] = (shard, group)
+                located[keys[starts[position] - starts[lo]]] = (shard, group)
 
 
 def read_index(directory: Path) -> pa.Table:
     return pq.read_table(Path(directory) / INDEX)
 
 
-def read_members(directory: Path) -> pa.Table:
-    files = sorted(Path(directory).glob("models-*.parquet"))
+def read_members(directory: Path, columns: list[str] | None = None) -> pa.Table:
+    """The members of every shard (only ``columns``, if given)."""
+    files = sorted(Path(directory).glob(SHARDS))
     if not files:
         return pa.table({})
-    return pa.concat_tables([pq.read_table(f) for f in files], promote_options="permissive")
+    return pa.concat_tables([pq.read_table(f, columns=columns) for f in files],
+                            promote_options="permissive")
 
 
 @dataclass
@@ -173,8 +181,8 @@ class Comparison:
 
 def _trained_metrics(index: pa.Table, segment_by: list[str]) -> dict[tuple, float]:
     rows = index.filter(pc.equal(index.column("status"), "trained"))
-    keys = zip(*(rows.column(c).to_pylist() for c in segment_by), strict=True)
-    return dict(zip(keys, rows.column("metric").to_pylist(), strict=True))
+    return dict(zip(key_tuples(rows, segment_by), rows.column("metric").to_pylist(),
+                    strict=True))
 
 
 def _better(metric: str, a: float | None, b: float | None) -> bool:
@@ -241,8 +249,7 @@ def merge_segments(
 
 
 def _key_mask(table: pa.Table, segment_by: list[str], keys: set[tuple]) -> pa.Array:
-    rows = zip(*(table.column(c).to_pylist() for c in segment_by), strict=True)
-    return pa.array([key in keys for key in rows], pa.bool_())
+    return pa.array([key in keys for key in key_tuples(table, segment_by)], pa.bool_())
 
 
 def _keep_keys(table: pa.Table, segment_by: list[str], keys: set[tuple]) -> pa.Table:

@@ -28,7 +28,7 @@ from raybricks.config import JobConfig
 from raybricks.databricks import in_databricks_runtime
 from raybricks.errors import ConfigError, RaybricksError
 from raybricks.packaging import Packaged, compare, merge_segments, package_result
-from raybricks.segmented_model import CLASSIFICATION, SegmentStore
+from raybricks.segmented_model import SegmentStore, prediction_type
 from raybricks.training.engine import TrainingResult, beats_baseline
 from raybricks.training.segment import FAILED, SKIPPED, TRAINED
 
@@ -255,7 +255,7 @@ def model_kinds(packaged: Packaged) -> set[str]:
     from raybricks.packaging import read_members
 
     kinds = set()
-    members = read_members(packaged.directory)
+    members = read_members(packaged.directory, columns=["kind"])  # not the payloads
     if members.num_rows:
         kinds |= set(pc.unique(members.column("kind")).to_pylist())
     fallback = packaged.directory / segmented_model.FALLBACK
@@ -269,21 +269,13 @@ def model_kinds(packaged: Packaged) -> set[str]:
 def signature_for(store: SegmentStore, example: pd.DataFrame):
     """Inputs: segment columns and features (types from the example); output: the
     prediction; params: ``probabilities``."""
-    from mlflow.models import infer_signature
+    from mlflow.models import ModelSignature, infer_signature
     from mlflow.types import ColSpec, ParamSchema, ParamSpec, Schema
 
     inputs = infer_signature(example[store.segment_by + store.features]).inputs
-    if store.task in CLASSIFICATION:
-        classes = store.manifest.get("classes") or [""]
-        kind = ("boolean" if isinstance(classes[0], bool) else
-                "long" if isinstance(classes[0], int) else
-                "double" if isinstance(classes[0], float) else "string")
-    else:
-        kind = "double"
+    outputs = Schema([ColSpec(prediction_type(store.manifest), "prediction")])
     params = ParamSchema([ParamSpec("probabilities", "boolean", False)])
-    from mlflow.models import ModelSignature
-
-    return ModelSignature(inputs, Schema([ColSpec(kind, "prediction")]), params)
+    return ModelSignature(inputs, outputs, params)
 
 
 def log_segmented_model(packaged: Packaged, example: pd.DataFrame | None, name: str):
@@ -447,8 +439,7 @@ def publish(result: TrainingResult, config: JobConfig) -> Publication:
         mlflow.log_metrics(metrics)
         log_tables(result)
         log_plots(result)
-        source = "challenger"
-        packaged = package_result(result, Path(tmp) / "challenger" / "segments", source)
+        packaged = package_result(result, Path(tmp) / "challenger" / "segments", "challenger")
         info = log_segmented_model(packaged, result.example, MODEL_NAME)
         mlflow.set_tag("raybricks.model_uri", info.model_uri)
         mlflow.log_metrics({"model_size_bytes": float(packaged.size_bytes),
@@ -462,11 +453,18 @@ def publish(result: TrainingResult, config: JobConfig) -> Publication:
         version, decision = register_and_promote(
             config, info.model_uri, run.info.run_id, tags, packaged, Path(tmp), result.example
         )
-        mlflow.log_dict(decision, "promotion.json")
-        mlflow.set_tag("raybricks.promotion", decision["decision"])
+        record_decision(decision)
         mlflow.log_metric("seconds_registry", time.perf_counter() - start)
         return Publication(run.info.run_id, experiment, info.model_uri, name,
                            str(version.version), _alias_version(name, alias), decision)
+
+
+def record_decision(decision: dict[str, Any]) -> None:
+    """The promotion decision on the active run: ``promotion.json`` and a tag."""
+    import mlflow
+
+    mlflow.log_dict(decision, "promotion.json")
+    mlflow.set_tag("raybricks.promotion", decision["decision"])
 
 
 def _alias_version(name: str, alias: str) -> str | None:
@@ -535,9 +533,9 @@ def promote(config: JobConfig, version, packaged: Packaged, workdir: Path, run_i
     merged_version = register(info.model_uri, name, run_id,
                               tags | {"raybricks.merged_from": ",".join(labels)}, "merged",
                               created)
-    origins = pd.Series(pd.read_parquet(merged.directory / segmented_model.INDEX)["source"])
+    origins = pd.read_parquet(merged.directory / segmented_model.INDEX, columns=["source"])
     return decision | {"decision": "merged", "champion_version": str(merged_version.version),
-                       "segments_from": origins.value_counts().to_dict()}
+                       "segments_from": origins["source"].value_counts().to_dict()}
 
 
 def register_run(run_id: str, config: JobConfig) -> Publication:
@@ -560,8 +558,7 @@ def register_run(run_id: str, config: JobConfig) -> Publication:
         with mlflow.start_run(run_id=run_id):
             version, decision = register_and_promote(
                 config, model_uri, run_id, tags, packaged, Path(tmp), example)
-            mlflow.log_dict(decision, "promotion.json")
-            mlflow.set_tag("raybricks.promotion", decision["decision"])
+            record_decision(decision)
     return Publication(run_id, run.info.experiment_id, model_uri, name, str(version.version),
                        _alias_version(name, alias), decision)
 

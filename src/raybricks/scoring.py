@@ -21,8 +21,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from raybricks.config import SourceConfig
+from raybricks.data import lay_out_by_segment
 from raybricks.errors import DataError, RaybricksError
-from raybricks.segmented_model import CLASSIFICATION, MANIFEST
+from raybricks.segmented_model import (
+    CLASSIFICATION,
+    MANIFEST,
+    missing_columns,
+    prediction_type,
+)
 from raybricks.session import save_table
 
 if TYPE_CHECKING:
@@ -80,40 +86,40 @@ def download_model(model_uri: str, directory: str) -> Path:
         ) from exc
 
 
+def file_format(name_or_path: str) -> str | None:
+    """``parquet`` or ``csv`` for a path (a ``/`` or a file suffix), None for a table."""
+    if "/" in name_or_path or name_or_path.endswith((".parquet", ".csv")):
+        return "csv" if name_or_path.rstrip("/").endswith(".csv") else "parquet"
+    return None
+
+
 def read_input(name_or_path: str, spark: SparkSession) -> DataFrame:
     """A table by name, or Parquet / CSV files at a path."""
     from raybricks.pipeline import read_source
 
-    if "/" in name_or_path or name_or_path.endswith((".parquet", ".csv")):
-        fmt = "csv" if name_or_path.rstrip("/").endswith(".csv") else "parquet"
+    fmt = file_format(name_or_path)
+    if fmt:
         return read_source(SourceConfig(path=name_or_path, format=fmt), spark)
     return read_source(SourceConfig(table=name_or_path), spark)
 
 
 def write_output(df: DataFrame, name_or_path: str) -> None:
     """Overwrite a table by name, or Parquet / CSV files at a path."""
-    if "/" in name_or_path or name_or_path.endswith((".parquet", ".csv")):
-        writer = df.write.mode("overwrite")
-        if name_or_path.rstrip("/").endswith(".csv"):
-            writer.option("header", "true").csv(name_or_path)
-        else:
-            writer.parquet(name_or_path)
+    fmt = file_format(name_or_path)
+    if fmt == "csv":
+        df.write.mode("overwrite").option("header", "true").csv(name_or_path)
+    elif fmt == "parquet":
+        df.write.mode("overwrite").parquet(name_or_path)
     else:
         save_table(df, name_or_path)
 
 
 def output_fields(manifest: dict, probabilities: bool) -> list[tuple[str, str]]:
     """The columns scoring adds, as (name, Spark SQL type)."""
-    classes = manifest.get("classes") or []
     if manifest["task"] in CLASSIFICATION and probabilities:
-        added = [(f"probability_{c}", "double") for c in classes]
-    elif manifest["task"] in CLASSIFICATION and classes:
-        first = classes[0]
-        kind = ("boolean" if isinstance(first, bool) else "bigint" if isinstance(first, int)
-                else "double" if isinstance(first, float) else "string")
-        added = [("prediction", kind)]
+        added = [(f"probability_{c}", "double") for c in manifest.get("classes") or []]
     else:
-        added = [("prediction", "double")]
+        added = [("prediction", prediction_type(manifest))]
     return added + [("model_version", "string"), ("segment_status", "string")]
 
 
@@ -172,13 +178,10 @@ def score(
             f"{manifest['format_version']}); upgrade raybricks to score it"
         )
     df = input if not isinstance(input, str) else read_input(input, spark)
-    segment_by, features = manifest["segment_by"], manifest["features"]
-    missing = [c for c in segment_by + features if c not in df.columns]
-    if missing:
-        raise DataError(
-            f"input is missing column(s) {missing}: the model needs the segment columns "
-            f"{segment_by} and the features {features}"
-        )
+    segment_by = manifest["segment_by"]
+    problem = missing_columns(df.columns, segment_by, manifest["features"])
+    if problem:
+        raise DataError(problem)
     version = model_version_of(model_uri)
     spark.sparkContext.addFile(str(local), recursive=True)
     added = output_fields(manifest, probabilities)
@@ -186,20 +189,20 @@ def score(
                        + [f"`{name}` {kind}" for name, kind in added])
     partitions = partitions or max(df.rdd.getNumPartitions(),
                                    spark.sparkContext.defaultParallelism)
-    scored = (
-        df.repartition(partitions, *segment_by)
-        .sortWithinPartitions(*segment_by)
-        .mapInPandas(score_partitions(local.name, version, probabilities, cache_segments),
-                     schema)
-    )
+    scored = lay_out_by_segment(df, segment_by, partitions).mapInPandas(
+        score_partitions(local.name, version, probabilities, cache_segments), schema)
     if output is None:
         return scored
     write_output(scored, output)
+    from pyspark.sql import functions as F
+
     written = read_input(output, spark)
-    counts = {r["segment_status"]: r["count"]
-              for r in written.groupBy("segment_status").count().collect()}
-    nulls = 0 if "prediction" not in written.columns else written.filter(
-        written.prediction.isNull()).count()
+    unscored = (F.col("prediction").isNull() if "prediction" in written.columns
+                else F.lit(False))  # probabilities: a row is never without them
+    per_status = written.groupBy("segment_status").agg(
+        F.count("*").alias("rows"), F.sum(unscored.cast("long")).alias("nulls")).collect()
+    counts = {r["segment_status"]: r["rows"] for r in per_status}
+    nulls = sum(r["nulls"] or 0 for r in per_status)
     summary = ScoreSummary(model_uri, version, output, sum(counts.values()), counts, nulls,
                            time.perf_counter() - start)
     log.info("%s", summary)

@@ -175,6 +175,39 @@ MEMBER_COLUMNS = ("kind", "payload", "meta", "weight")
 DEFAULT_CACHE_SEGMENTS = 2048
 
 
+SHARDS = "models-*.parquet"  # every shard's file
+
+
+def shard_name(shard: int) -> str:
+    """The file of the members' shard number ``shard``."""
+    return f"models-{shard:05d}.parquet"
+
+
+def key_tuples(table, segment_by: list[str]) -> list[tuple]:
+    """The segment key of every row of an Arrow table, as tuples."""
+    return list(zip(*(table.column(c).to_pylist() for c in segment_by), strict=True))
+
+
+def missing_columns(columns, segment_by: list[str], features: list[str]) -> str | None:
+    """What is wrong when input columns lack the segment columns or features, else None."""
+    missing = [c for c in segment_by + features if c not in columns]
+    if not missing:
+        return None
+    return (f"input is missing column(s) {missing}: the model needs the segment columns "
+            f"{segment_by} and the features {features}")
+
+
+def prediction_type(manifest: dict[str, Any]) -> str:
+    """The type of the ``prediction`` column (a name MLflow and Spark SQL both read):
+    double for regression, the class labels' type for classification."""
+    classes = manifest.get("classes") or []
+    if manifest["task"] not in CLASSIFICATION or not classes:
+        return "double"
+    first = classes[0]
+    return ("boolean" if isinstance(first, bool) else "long" if isinstance(first, int)
+            else "double" if isinstance(first, float) else "string")
+
+
 class SegmentStore:
     """Every segment's model in a directory of Parquet shards, loaded on demand.
 
@@ -197,7 +230,7 @@ class SegmentStore:
         self.task: str = self.manifest["task"]
         index = pq.read_table(self.directory / INDEX)
         self.key_schema = pa.schema([index.schema.field(c) for c in self.segment_by])
-        keys = zip(*(index.column(c).to_pylist() for c in self.segment_by), strict=True)
+        keys = key_tuples(index, self.segment_by)
         self.entries: dict[tuple, tuple[str, int, int]] = {
             key: (status, shard, group)
             for key, status, shard, group in zip(
@@ -227,7 +260,7 @@ class SegmentStore:
             elif key in self.entries and self.entries[key][1] >= 0:
                 wanted.setdefault(self.entries[key][1:], set()).add(key)
         for (shard, group), needed in sorted(wanted.items()):
-            path = self.directory / f"models-{shard:05d}.parquet"
+            path = self.directory / shard_name(shard)
             rows = pq.ParquetFile(path).read_row_group(group).to_pylist()
             members: dict[tuple, list[dict]] = {}
             for row in rows:
@@ -260,17 +293,13 @@ class SegmentStore:
                 f"segment columns {self.segment_by} cannot be read as the model's key types "
                 f"({self.key_schema}): {exc}"
             ) from exc
-        columns = [typed.column(c).to_pylist() for c in self.segment_by]
-        return list(zip(*columns, strict=True)), codes
+        return key_tuples(typed, self.segment_by), codes
 
     def predict(self, frame: pd.DataFrame, probabilities: bool = False) -> Prediction:
         """One prediction per row, in input order, for rows of any mix of segments."""
-        missing = [c for c in self.segment_by + self.features if c not in frame.columns]
-        if missing:
-            raise ValueError(
-                f"input is missing column(s) {missing}: the model needs the segment columns "
-                f"{self.segment_by} and the features {self.features}"
-            )
+        problem = missing_columns(frame.columns, self.segment_by, self.features)
+        if problem:
+            raise ValueError(problem)
         frame = frame.reset_index(drop=True)
         keys, codes = self.segment_keys(frame)
         order = np.argsort(codes, kind="stable")

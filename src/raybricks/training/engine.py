@@ -85,6 +85,13 @@ class TrainingResult:
         counts = self.segments["status"].value_counts().to_dict()
         return {s: int(counts.get(s, 0)) for s in (TRAINED, SKIPPED, FAILED)}
 
+    def skip_reasons(self, limit: int | None = None) -> str:
+        """Skipped segments counted by reason (the text before its first colon), most
+        common first: ``too few rows (15), no target (1)``."""
+        reasons = self.segments.loc[self.segments.status == SKIPPED, "reason"]
+        top = reasons.str.split(":").str[0].value_counts().head(limit)
+        return ", ".join(f"{r} ({n})" for r, n in top.items())
+
     def summary(self) -> str:
         """Counts per status and the distribution of the validation metric."""
         counts = self.counts()
@@ -106,9 +113,7 @@ class TrainingResult:
             share = beats_baseline(values, base, self.metric)
             lines.append(f"beats the naive baseline: {share:.0%}")
         if counts[SKIPPED]:
-            reasons = self.segments.loc[self.segments.status == SKIPPED, "reason"]
-            top = reasons.str.split(":").str[0].value_counts().head(5)
-            lines.append("skipped: " + ", ".join(f"{r} ({n})" for r, n in top.items()))
+            lines.append("skipped: " + self.skip_reasons(limit=5))
         if counts[FAILED]:
             first = self.segments.loc[self.segments.status == FAILED, "reason"].iloc[0]
             lines.append(f"failed: {counts[FAILED]}, e.g. {first}")
