@@ -162,7 +162,7 @@ def read_parts(directory: Path) -> pa.Table:
 
 
 def rows_to_table(rows: list[dict[str, Any]]) -> pa.Table:
-    """Rows with differing keys (per-candidate columns, skipped rows) as one table."""
+    """Rows of dicts (serialized members, the fallback) as one table."""
     if not rows:
         return pa.table({})
     return pa.Table.from_pandas(pd.DataFrame(rows), preserve_index=False)
@@ -209,7 +209,7 @@ def train_block(
             watchdog.started(None)
             results.append(row)
             members.extend(keyed_members(plan, key, rows))
-    return rows_to_table(results), rows_to_table(members)
+    return seg.results_table(results, plan), rows_to_table(members)
 
 
 def warm_up(plan: Plan) -> None:
@@ -477,10 +477,10 @@ def failed_rows(keys: Iterable[tuple], plan: Plan, reason: str | list[str]) -> p
     """``failed`` result rows for these segments, with one reason or one each."""
     keys = list(keys)
     reasons = [reason] * len(keys) if isinstance(reason, str) else reason
-    return rows_to_table([
+    return seg.results_table([
         dict(zip(plan.segment_by, key, strict=True)) | {"status": FAILED, "reason": why}
         for key, why in zip(keys, reasons, strict=True)
-    ])
+    ], plan)
 
 
 def _write_timed_out(watch: Watch, limit: float, plan: Plan, run_dir: Path, attempt: str):
@@ -523,8 +523,8 @@ def _run_spread(refs, todo, plan: Plan, config: JobConfig, run_dir: Path) -> Non
             row, rows = _lost_block([key], plan, exc).to_pylist()[0], []
         results.append(row)
         members.extend(keyed_members(plan, key, rows))
-    write_outcome(run_dir, f"part-spread-{uuid.uuid4().hex[:8]}", rows_to_table(results),
-                  rows_to_table(members))
+    write_outcome(run_dir, f"part-spread-{uuid.uuid4().hex[:8]}",
+                  seg.results_table(results, plan), rows_to_table(members))
 
 
 def segment_rows(block: pa.Table, plan: Plan, key: tuple) -> pd.DataFrame:

@@ -54,7 +54,8 @@ def train_large_segments(refs, large_keys, plan: Plan, config: JobConfig, run_di
             except Exception as exc:  # noqa: BLE001 - a bad segment never stops the job
                 row, members = seg.result_for_error(exc, plan, key), []
             write_outcome(run_dir, f"part-large-{uuid.uuid4().hex[:10]}",
-                          rows_to_table([row]), rows_to_table(keyed_members(plan, key, members)))
+                          seg.results_table([row], plan),
+                          rows_to_table(keyed_members(plan, key, members)))
 
 
 def train_one_segment(block: pa.Table, plan: Plan, key: tuple):

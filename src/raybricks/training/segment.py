@@ -50,6 +50,7 @@ class Plan:
     seed: int
     threads: int = 1
     large_segment_rows: int = 0  # segments above this go to Ray Train (0: none)
+    key_fields: list[pa.Field] = field(default_factory=list)  # segment columns' types
 
     @property
     def columns(self) -> list[str]:
@@ -106,6 +107,7 @@ def make_plan(config: JobConfig, schema: pa.Schema, threads: int = 1) -> Plan:
         top_k=config.ensemble.top_k, refit=config.refit, min_rows=config.min_rows,
         seed=config.seed, threads=threads,
         large_segment_rows=config.training.large_segment_rows,
+        key_fields=[schema.field(name) for name in config.segment_by],
     )
 
 
@@ -163,10 +165,13 @@ def prepare(
     ``features``: the segment's rows of ``prepare_features`` computed once for the whole
     block (possible when no feature is categorical), to save per-segment conversions.
     """
-    target = frame[plan.target]
-    keep = target.notna().to_numpy()
+    target = frame[plan.target].to_numpy()
     if target.dtype.kind == "f":  # an infinite target is as unusable as a missing one
-        keep &= np.isfinite(target.to_numpy())
+        keep = np.isfinite(target)
+    elif target.dtype.kind in "biu":  # plain integers and booleans cannot be missing
+        keep = np.ones(len(target), dtype=bool)
+    else:
+        keep = ~pd.isna(target)
     order = None if keep.all() else np.flatnonzero(keep)
     n = len(frame) if order is None else len(order)
     if n == 0:
@@ -366,6 +371,27 @@ def best_of(found: list[Evaluation], candidate: CandidateConfig, plan: Plan) -> 
         return Evaluation(candidate, error=errors or "no setting could be fitted")
     best = min(ok, key=lambda e: metrics.loss(plan.metric, e.value))
     return dataclasses.replace(best, candidate=candidate)
+
+
+def result_schema(plan: Plan) -> pa.Schema:
+    """The columns of every result row, in order: every part of a run has this schema,
+    whichever statuses its segments ended in, so the parts read as one table."""
+    metric = plan.metric
+    scores = [f"baseline_{metric}", *(f"{c.name}_{metric}" for c in plan.candidates),
+              f"metric_{metric}"]
+    return pa.schema([
+        *(pa.field(f.name, f.type) for f in plan.key_fields),
+        pa.field("status", pa.string()), pa.field("reason", pa.string()),
+        pa.field("n_rows", pa.int64()), pa.field("n_valid", pa.int64()),
+        *(pa.field(name, pa.float64()) for name in scores),
+        pa.field("chosen", pa.string()), pa.field("weights", pa.string()),
+        pa.field("fit_seconds", pa.float64()),
+    ])
+
+
+def results_table(rows: list[dict[str, Any]], plan: Plan) -> pa.Table:
+    """Result rows as a table of ``result_schema`` (a column no row has is all null)."""
+    return pa.Table.from_pylist(rows, schema=result_schema(plan))
 
 
 def key_row(plan: Plan, key: tuple, n_rows: int) -> dict[str, Any]:
