@@ -88,3 +88,15 @@ def test_shipped_job_configs_are_valid():
     assert configs
     for path in configs:
         assert JobConfig.load(path).models
+
+
+def test_invalid_sklearn_settings_are_refused_before_any_cluster():
+    from raybricks.config import CandidateConfig
+    from raybricks.models import check_candidate
+
+    ridge = {"name": "ridge", "kind": "sklearn", "estimator": "sklearn.linear_model.Ridge"}
+    check_candidate(CandidateConfig(**ridge, search={"alpha": {"low": 0.01, "high": 10}}))
+    with pytest.raises(ConfigError, match=r"models\[ridge\]: \{'alpha': -1\} is not a valid"):
+        check_candidate(CandidateConfig(**ridge, params={"alpha": -1}))
+    with pytest.raises(ConfigError, match="'solver': 'fastest'.*solver"):
+        check_candidate(CandidateConfig(**ridge, search={"solver": ["auto", "fastest"]}))

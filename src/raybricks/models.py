@@ -9,6 +9,7 @@ import path; categoricals one-hot encoded in a scikit-learn pipeline; pickled), 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import inspect
@@ -145,6 +146,70 @@ def build_estimator(
     return None  # kind "function": the user's fit builds the model
 
 
+def trusted_input(kind: str, validated: bool = True) -> contextlib.AbstractContextManager:
+    """For ``sklearn`` candidates: skip scikit-learn's per-call checks that raybricks has
+    already made. Their input is ``sklearn_input``'s (missing and infinite values filled
+    with training medians, so always finite) and, when ``validated``, their parameters
+    were checked once per setting by ``check_parameters``. On small segments these checks
+    cost as much as the fit itself."""
+    if kind != "sklearn":
+        return contextlib.nullcontext()
+    import sklearn
+
+    return sklearn.config_context(assume_finite=True, skip_parameter_validation=validated)
+
+
+_CHECKED: set[tuple[str, str]] = set()
+
+
+def check_parameters(candidate: CandidateConfig, params: dict[str, Any]) -> bool:
+    """scikit-learn's own parameter validation for one setting of an ``sklearn``
+    estimator class, once per setting; an invalid value raises scikit-learn's error.
+    False when it cannot be checked up front (a factory, parameters that are not JSON):
+    the fit then validates them itself."""
+    if candidate.kind != "sklearn":
+        return False
+    factory = import_object(candidate.estimator)
+    if not isinstance(factory, type):
+        return False
+    try:
+        key = (candidate.estimator, json.dumps(params, sort_keys=True))
+    except TypeError:
+        return False
+    if key not in _CHECKED:
+        validate = getattr(factory(**params), "_validate_params", None)
+        if validate is None:
+            return False
+        validate()
+        if len(_CHECKED) > 100_000:
+            _CHECKED.clear()
+        _CHECKED.add(key)
+    return True
+
+
+def check_candidate(candidate: CandidateConfig) -> None:
+    """Before any cluster starts: the estimator or function imports, and for ``sklearn``
+    estimator classes the fixed parameters and every value of the search space (lists
+    value by value, ranges at both ends) pass scikit-learn's validation."""
+    check_importable(candidate)
+    if candidate.kind != "sklearn":
+        return
+    settings = [dict(candidate.params)]
+    for name, space in candidate.search.items():
+        values = space if isinstance(space, list) else [space.low, space.high]
+        if isinstance(space, RangeSpace) and space.int:
+            values = [int(round(v)) for v in values]
+        settings += [candidate.params | {name: value} for value in values]
+    for setting in settings:
+        try:
+            check_parameters(candidate, setting)
+        except Exception as exc:  # noqa: BLE001 - scikit-learn raises several types
+            raise ConfigError(
+                f"models[{candidate.name}]: {setting} is not a valid setting of "
+                f"{candidate.estimator}: {exc}"
+            ) from exc
+
+
 def fit(
     candidate: CandidateConfig, params: dict[str, Any], X: Any, y: np.ndarray,
     task: str, seed: int, threads: int, meta: dict[str, Any],
@@ -156,14 +221,16 @@ def fit(
     categorical = list(meta.get("categorical", {}))
     numeric = [c for c in meta["features"] if c not in categorical]
     estimator = build_estimator(candidate, params, task, seed, threads, categorical, numeric)
-    return estimator.fit(X, y)
+    with trusted_input(candidate.kind, check_parameters(candidate, params)):
+        return estimator.fit(X, y)
 
 
 def predict(kind: str, model: Any, X: Any, task: str) -> np.ndarray:
     """Predict with a fitted in-memory model: values, or class probabilities."""
-    if task in CLASSIFICATION:
-        return np.asarray(model.predict_proba(X), dtype="float64")
-    return np.asarray(model.predict(X), dtype="float64").reshape(-1)
+    with trusted_input(kind):
+        if task in CLASSIFICATION:
+            return np.asarray(model.predict_proba(X), dtype="float64")
+        return np.asarray(model.predict(X), dtype="float64").reshape(-1)
 
 
 def serialize(kind: str, model: Any) -> bytes:

@@ -18,7 +18,7 @@ from raybricks.cluster import ray_cluster, spark_session
 from raybricks.config import JobConfig, SourceConfig
 from raybricks.data import count_segments, resolve_source, select_and_filter, to_ray_dataset
 from raybricks.errors import DataError, RaybricksError
-from raybricks.models import check_importable
+from raybricks.models import check_candidate
 from raybricks.training import TrainingResult, train_segments
 from raybricks.training.segment import make_plan
 
@@ -100,7 +100,7 @@ def train(
     timings: dict[str, float] = {}
     start = time.perf_counter()
     for candidate in config.models:
-        check_importable(candidate)
+        check_candidate(candidate)
     if register:
         registry.check_registry_name(config, registry.configure_tracking().registry_uri)
     spark = spark or spark_session()
