@@ -9,7 +9,7 @@ import os
 import pyarrow as pa
 import pytest
 
-from raybricks.data import split_into_blocks, to_ray_dataset
+from raybricks.data import block_segments, split_into_blocks, to_ray_dataset
 from raybricks.errors import DataError
 
 
@@ -62,6 +62,8 @@ def test_every_row_arrives_in_whole_segment_blocks(ray_on_spark, sales, strategy
     blocks = blocks_of(segmented)
     seen = assert_segment_aligned(blocks, ["store", "item"], 1_000)
     assert len(seen) == segmented.count_segments() == 3 * 40 + 1
+    # what the readers reported about each block is what each block holds
+    assert segmented.segments == [block_segments(b, ["store", "item"]) for b in blocks]
     assert (None, "item/ü-0") in seen  # null keys are a segment of their own
     assert sum(b.num_rows for b in blocks) == segmented.num_rows == sales.count()
     got = [row for b in blocks for row in zip(*b.to_pydict().values(), strict=True)]

@@ -242,3 +242,27 @@ def test_large_segment_without_boosting_candidates_trains_in_one_task(
     rows = by_store(train_segments(ds, config))
     assert list(rows.status) == ["skipped", "trained", "trained"]  # few, s0, s5 (110 rows)
     assert rows.loc["s5", "n_rows"] == 110 and rows.loc["s5", "chosen"] == '["ridge"]'
+
+
+def test_packed_tasks_cover_every_segment_to_train_once_in_balanced_runs():
+    from raybricks.training.engine import MIN_SEGMENTS_PER_TASK, TASKS_PER_CPU, make_chunks
+
+    # two blocks: 300 segments of 1 to 5 rows, then 500 of 2 rows; some are done already
+    bounds = [[((i,), 1 + i % 5) for i in range(300)], [((i,), 2) for i in range(300, 800)]]
+    done = {(i,) for i in range(0, 800, 7)}
+    todo = [{k for k, _ in block if k not in done} for block in bounds]
+    chunks = make_chunks(todo, bounds, cpus=2)
+    keys = [k for c in chunks for k in c.keys]
+    assert sorted(keys) == sorted(set().union(*todo))  # each once, none done
+    per_task = max(MIN_SEGMENTS_PER_TASK, -(-len(keys) // (TASKS_PER_CPU * 2)))
+    assert all(0 < len(c.keys) <= per_task for c in chunks)
+    assert len(chunks) <= TASKS_PER_CPU * 2 + len(bounds)
+    for chunk in chunks:  # the row range holds exactly the chunk's segments, in order
+        offsets, at = {}, 0
+        for key, rows in bounds[chunk.block]:
+            offsets[key] = (at, at + rows)
+            at += rows
+        assert chunk.start == offsets[chunk.keys[0]][0]
+        assert chunk.end == offsets[chunk.keys[-1]][1]
+        inside = [k for k, (s, e) in offsets.items() if chunk.start <= s and e <= chunk.end]
+        assert set(chunk.keys) == set(inside) - done

@@ -69,13 +69,19 @@ BLOCKS_PER_CPU = 4
 
 @dataclass
 class SegmentedDataset:
-    """A Ray Dataset of segment-aligned blocks, with what is known about it."""
+    """A Ray Dataset of segment-aligned blocks, with what is known about it.
+
+    ``segments``: per block, the (key, rows) of its segments in order, as the readers
+    found them when they cut the blocks (None: computed by Ray tasks when first asked).
+    """
 
     dataset: ray.data.Dataset
     segment_by: list[str]
     strategy: str
     num_rows: int
     num_blocks: int
+    refs: list | None = None
+    segments: list[list[tuple[tuple, int]]] | None = None
 
     @property
     def schema(self) -> pa.Schema:
@@ -83,18 +89,24 @@ class SegmentedDataset:
 
     def block_refs(self) -> list:
         """References to the blocks (Arrow tables), in order."""
-        return self.dataset.to_arrow_refs()
+        if self.refs is None:
+            self.refs = self.dataset.to_arrow_refs()
+        return self.refs
+
+    def block_segments(self) -> list[list[tuple[tuple, int]]]:
+        """Per block, the (key, rows) of every segment, in order."""
+        if self.segments is None:
+            import ray
+
+            lister = ray.remote(block_segments)
+            self.segments = ray.get(
+                [lister.remote(ref, self.segment_by) for ref in self.block_refs()]
+            )
+        return self.segments
 
     def count_segments(self) -> int:
-        """Distinct segments across all blocks, counted by Ray tasks next to the data."""
-        import ray
-
-        counter = ray.remote(_count_block_segments)
-        return sum(ray.get([counter.remote(ref, self.segment_by) for ref in self.block_refs()]))
-
-
-def _count_block_segments(block: pa.Table, segment_by: list[str]) -> int:
-    return len(segment_starts(block, segment_by))
+        """Distinct segments across all blocks (no segment spans two blocks)."""
+        return sum(len(block) for block in self.block_segments())
 
 
 # --------------------------------------------------------------------------- input
@@ -209,6 +221,20 @@ def segment_starts(table: pa.Table, segment_by: Sequence[str]) -> list[int]:
     return [0] + [i + 1 for i in boundaries]
 
 
+def segment_bounds(block: pa.Table, segment_by: Sequence[str]) -> list[tuple[tuple, int, int]]:
+    """(key, start, end) of every segment in a block sorted by the segment key."""
+    starts = segment_starts(block, segment_by)
+    ends = starts[1:] + [block.num_rows]
+    keys = block.select(list(segment_by)).take(starts).to_pylist() if starts else []
+    return [(tuple(k[c] for c in segment_by), s, e)
+            for k, s, e in zip(keys, starts, ends, strict=True)]
+
+
+def block_segments(block: pa.Table, segment_by: Sequence[str]) -> list[tuple[tuple, int]]:
+    """(key, rows) of every segment in a block."""
+    return [(key, end - start) for key, start, end in segment_bounds(block, segment_by)]
+
+
 def split_into_blocks(
     table: pa.Table, segment_by: Sequence[str], max_block_rows: int
 ) -> list[pa.Table]:
@@ -251,8 +277,8 @@ def _read_parquet_blocks(path: str, segment_by: list[str], max_block_rows: int):
 
     table = sort_by_segment(normalize_types(pq.read_table(path)), segment_by)
     # Ray's streaming generators need a plain yield, not `yield from`.
-    for block in split_into_blocks(table, segment_by, max_block_rows):  # noqa: UP028
-        yield block
+    for output in _blocks_then_segments(table, segment_by, max_block_rows):  # noqa: UP028
+        yield output
 
 
 def _read_chunk_blocks(chunk_ids: list[str], segment_by: list[str], max_block_rows: int):
@@ -261,22 +287,34 @@ def _read_chunk_blocks(chunk_ids: list[str], segment_by: list[str], max_block_ro
 
     table = pa.concat_tables([read_chunk(chunk_id) for chunk_id in chunk_ids])
     table = sort_by_segment(normalize_types(table), segment_by)
-    for block in split_into_blocks(table, segment_by, max_block_rows):  # noqa: UP028
-        yield block
+    # Ray's streaming generators need a plain yield, not `yield from`.
+    for output in _blocks_then_segments(table, segment_by, max_block_rows):  # noqa: UP028
+        yield output
+
+
+def _blocks_then_segments(table: pa.Table, segment_by: list[str], max_block_rows: int):
+    """A reader's outputs: its blocks, then one list of every block's segments (so the
+    engine knows what each block holds without reading it again)."""
+    blocks = split_into_blocks(table, segment_by, max_block_rows)
+    yield from blocks
+    yield [block_segments(block, segment_by) for block in blocks]
 
 
 # --------------------------------------------------------------------------- transfer
 
 
 def _gather_blocks(read_fn, items: list, segment_by: list[str], max_block_rows: int):
-    """Run ``read_fn`` as a streaming Ray task per item; return the block references."""
+    """Run ``read_fn`` as a streaming Ray task per item; return the block references and
+    every block's segments."""
     import ray
 
     reader = ray.remote(num_returns="streaming", max_retries=3)(read_fn)
     generators = [reader.remote(item, segment_by, max_block_rows) for item in items]
-    refs = [ref for generator in generators for ref in generator]
-    ray.wait(refs, num_returns=len(refs), fetch_local=False)
-    return refs
+    outputs = [list(generator) for generator in generators]
+    refs = [ref for output in outputs for ref in output[:-1]]
+    segments = [block for found in ray.get([output[-1] for output in outputs])
+                for block in found]
+    return refs, segments
 
 
 def stage_as_parquet(df: DataFrame, staging_dir: str) -> list[str]:
@@ -350,7 +388,8 @@ def _blocks_via_arrow(df, segment_by, max_block_rows):
     import ray
 
     table = sort_by_segment(normalize_types(df.toArrow()), segment_by)
-    return [ray.put(block) for block in split_into_blocks(table, segment_by, max_block_rows)]
+    blocks = split_into_blocks(table, segment_by, max_block_rows)
+    return [ray.put(b) for b in blocks], [block_segments(b, segment_by) for b in blocks]
 
 
 def choose_strategy(
@@ -420,17 +459,19 @@ def to_ray_dataset(
     max_block_rows = min(max_block_rows, math.ceil(num_rows / blocks))
     if chosen == "arrow":
         log.info("moving %d rows to Ray via arrow", num_rows)
-        refs = _blocks_via_arrow(df, segment_by, max_block_rows)
+        refs, segments = _blocks_via_arrow(df, segment_by, max_block_rows)
     else:
         partitions = min(blocks, max(ray_cpus, math.ceil(num_rows / ROWS_PER_PARTITION)))
         clustered = df.repartition(partitions, *segment_by)
         log.info("moving %d rows to Ray via %s in %d partitions", num_rows, chosen, partitions)
         if chosen == "parquet":
-            refs = _blocks_via_parquet(clustered, segment_by, max_block_rows, staging_dir)
+            refs, segments = _blocks_via_parquet(
+                clustered, segment_by, max_block_rows, staging_dir
+            )
         else:
-            refs = _blocks_via_chunks(clustered, segment_by, max_block_rows, num_rows)
+            refs, segments = _blocks_via_chunks(clustered, segment_by, max_block_rows, num_rows)
     dataset = ray.data.from_arrow_refs(refs)
-    return SegmentedDataset(dataset, segment_by, chosen, num_rows, len(refs))
+    return SegmentedDataset(dataset, segment_by, chosen, num_rows, len(refs), refs, segments)
 
 
 def _first_line(exc: BaseException) -> str:

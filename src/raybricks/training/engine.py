@@ -1,7 +1,8 @@
 """The execution engine: many segments packed into each Ray task, results streamed back.
 
-``train_segments`` runs one Ray task per segment-aligned block; each task trains every
-segment of its block and returns two small Arrow tables (result rows, serialized models).
+``train_segments`` cuts the segments of the segment-aligned blocks into runs (about
+``TASKS_PER_CPU`` per CPU, never across blocks); one Ray task trains each run and returns
+two small Arrow tables (result rows, serialized models).
 The driver writes each task's tables as Parquet parts under the run directory as they
 arrive, so its memory holds only result rows, an interrupted run keeps what finished, and
 ``resume`` retrains only the segments that have no result yet.
@@ -11,7 +12,7 @@ When there are fewer segments than CPUs, the engine spreads the work of each seg
 once. Segments above ``training.large_segment_rows`` are trained data-parallel with
 Ray Train (see ``raybricks.training.large``).
 
-Faults: a task whose worker dies is retried by Ray (``training.max_retries``); a block
+Faults: a task whose worker dies is retried by Ray (``training.max_retries``); a run
 whose task is lost beyond that is retrained one segment per task, so only a segment that
 keeps killing its worker ends ``failed``. With ``training.segment_timeout_s``, a watchdog
 thread in each task stops the worker when one segment's fit runs past the limit, after
@@ -38,7 +39,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from raybricks.config import JobConfig
-from raybricks.data import SegmentedDataset, segment_starts
+from raybricks.data import SegmentedDataset, segment_bounds
 from raybricks.errors import ConfigError
 from raybricks.models import check_importable, trial_settings
 from raybricks.segmented_model import prepare_features
@@ -171,24 +172,18 @@ def rows_to_table(rows: list[dict[str, Any]]) -> pa.Table:
 # --------------------------------------------------------------------------- tasks
 
 
-def segment_bounds(block: pa.Table, segment_by: list[str]) -> list[tuple[tuple, int, int]]:
-    """(key, start, end) of every segment in a block."""
-    starts = segment_starts(block, segment_by)
-    ends = starts[1:] + [block.num_rows]
-    keys = block.select(segment_by).take(starts).to_pylist() if starts else []
-    return [(tuple(k[c] for c in segment_by), s, e)
-            for k, s, e in zip(keys, starts, ends, strict=True)]
-
-
 def train_block(
     block: pa.Table, plan: Plan, done: frozenset | None, only: frozenset | None = None,
-    watch: Watch | None = None,
+    watch: Watch | None = None, rows: tuple[int, int] | None = None,
 ) -> tuple[pa.Table, pa.Table]:
     """Ray task body: train every segment of one block that is not done yet (``only``:
-    just these segments). ``watch``: stop the worker when a segment runs past its time
-    limit (segments that already timed out are left out)."""
+    just these segments; ``rows``: only the segments in this row range of the block).
+    ``watch``: stop the worker when a segment runs past its time limit (segments that
+    already timed out are left out)."""
     from threadpoolctl import threadpool_limits
 
+    if rows is not None:
+        block = block.slice(rows[0], rows[1] - rows[0])
     skip = set(done or ())
     if watch is not None:
         skip |= watch.timed_out()
@@ -205,10 +200,10 @@ def train_block(
                 continue
             watchdog.started(key)
             part = None if features is None else features.iloc[start:end]
-            row, rows = seg.train_segment(frame.iloc[start:end], key, plan, part)
+            row, rows_ = seg.train_segment(frame.iloc[start:end], key, plan, part)
             watchdog.started(None)
             results.append(row)
-            members.extend(keyed_members(plan, key, rows))
+            members.extend(keyed_members(plan, key, rows_))
     return seg.results_table(results, plan), rows_to_table(members)
 
 
@@ -302,9 +297,43 @@ def is_large(rows: int, plan: Plan) -> bool:
     return 0 < plan.large_segment_rows < rows
 
 
-def block_keys(block: pa.Table, segment_by: list[str]) -> list[tuple[tuple, int]]:
-    """(key, rows) of every segment in a block."""
-    return [(key, end - start) for key, start, end in segment_bounds(block, segment_by)]
+@dataclass(frozen=True)
+class Chunk:
+    """What one packed task trains: ``keys``, whole segments lying in rows
+    ``start``..``end`` of block ``block``."""
+
+    block: int
+    start: int
+    end: int
+    keys: tuple[tuple, ...]
+
+
+#: Packed tasks per Ray CPU: small enough that no CPU idles long at the end of a job,
+#: large enough that a task's fixed cost stays small next to its segments.
+TASKS_PER_CPU = 8
+MIN_SEGMENTS_PER_TASK = 32
+
+
+def make_chunks(todo: list[set], bounds: list[list[tuple[tuple, int]]], cpus: int) -> list[Chunk]:
+    """Cut each block's segments to train into runs of about equal count, about
+    ``TASKS_PER_CPU`` per CPU in all (blocks are never merged)."""
+    total = sum(len(keys) for keys in todo)
+    per_task = max(MIN_SEGMENTS_PER_TASK, -(-total // max(TASKS_PER_CPU * cpus, 1)))
+    chunks = []
+    for index, (wanted, block) in enumerate(zip(todo, bounds, strict=True)):
+        offset, start, end, keys = 0, 0, 0, []
+        for key, rows in block:
+            if key in wanted:
+                start = start if keys else offset
+                end = offset + rows
+                keys.append(key)
+                if len(keys) >= per_task:
+                    chunks.append(Chunk(index, start, end, tuple(keys)))
+                    keys = []
+            offset += rows
+        if keys:
+            chunks.append(Chunk(index, start, end, tuple(keys)))
+    return chunks
 
 
 def sample_block(block: pa.Table, fraction: float, seed: int, columns: list[str]) -> pa.Table:
@@ -354,8 +383,8 @@ def train_segments(
         tuple(r[c] for c in plan.segment_by)
         for r in previous.select(plan.segment_by).to_pylist()
     ) if previous.num_rows else None
-    bounds = ray.get([_remote(block_keys).remote(ref, plan.segment_by) for ref in refs])
-    # per block: the segments the packed or spread path trains now
+    bounds = segmented.block_segments()
+    # per block: the segments the packed or spread path trains now, and the large ones
     todo = [
         [key for key, rows in block if not (done and key in done) and not is_large(rows, plan)]
         for block in bounds
@@ -374,7 +403,8 @@ def train_segments(
     if 0 < n_todo < cpus and done is None and config.training.segment_timeout_s is None:
         _run_spread(refs, todo, plan, config, run_dir)
     elif n_todo:
-        _run_packed(refs, todo, plan, config, run_dir, done, n_todo, progress)
+        chunks = make_chunks([set(keys) for keys in todo], bounds, cpus // plan.threads)
+        _run_packed(refs, chunks, plan, config, run_dir, n_todo, progress)
     if any(large):
         from raybricks.training.large import train_large_segments
 
@@ -416,10 +446,10 @@ def _progress_bar(total: int, enabled: bool):
                 desc="training", mininterval=0.5)
 
 
-def _run_packed(refs, todo, plan, config, run_dir, done, n_todo, progress) -> None:
-    """One task per block; results written as they arrive. A block lost beyond its
-    retries is retrained one segment per task; with a time limit, segments that ran past
-    it end ``failed``."""
+def _run_packed(refs, chunks: list[Chunk], plan, config, run_dir, n_todo, progress) -> None:
+    """One task per chunk of segments; results written as they arrive. A chunk lost
+    beyond its retries is retrained one segment per task; with a time limit, segments
+    that ran past it end ``failed``."""
     import ray
 
     options = {
@@ -431,34 +461,34 @@ def _run_packed(refs, todo, plan, config, run_dir, done, n_todo, progress) -> No
     task = _remote(train_block, **options)
     limit = config.training.segment_timeout_s
     watch = Watch(limit, ray.remote(num_cpus=0)(TimeoutBoard).remote()) if limit else None
-    done_ref = ray.put(done)
     plan_ref = ray.put(plan)
-    pending = {
-        task.remote(ref, plan_ref, done_ref, None, watch): (i, None)
-        for i, ref in enumerate(refs) if todo[i]
-    }
+
+    def submit(chunk: Chunk, keys: tuple[tuple, ...]):
+        rows = (chunk.start, chunk.end)
+        return task.remote(refs[chunk.block], plan_ref, None, frozenset(keys), watch, rows)
+
+    pending = {submit(chunk, chunk.keys): (chunk, chunk.keys) for chunk in chunks}
     attempt = uuid.uuid4().hex[:8]
     show = config.training.progress if progress is None else progress
     with _progress_bar(n_todo, show) as bar:
         parts = 0
         while pending:
             ready, _ = ray.wait(list(pending), num_returns=1)
-            index, only = pending.pop(ready[0])
+            chunk, keys = pending.pop(ready[0])
             try:
                 results, models = ray.get(ready[0])
             except (ray.exceptions.RayError, ray.exceptions.RayTaskError) as exc:
                 timed_out = watch.timed_out() if watch else set()
-                keys = [k for k in (todo[index] if only is None else only)
-                        if k not in timed_out]
-                if only is None and len(keys) > 1:  # isolate the culprit: one per task
-                    log.warning("block %d lost (%s): retraining its %d segments one per task",
-                                index, type(exc).__name__, len(keys))
+                keys = [k for k in keys if k not in timed_out]
+                if len(keys) > 1:  # isolate the culprit: one segment per task
+                    log.warning("task lost (%s): retraining its %d segments one per task",
+                                type(exc).__name__, len(keys))
                     for key in keys:
-                        ref = task.remote(refs[index], plan_ref, None, frozenset([key]), watch)
-                        pending[ref] = (index, frozenset([key]))
+                        pending[submit(chunk, (key,))] = (chunk, (key,))
                     continue
                 results, models = _lost_block(keys, plan, exc), pa.table({})
-            write_outcome(run_dir, f"part-{index:06d}-{parts:06d}-{attempt}", results, models)
+            write_outcome(run_dir, f"part-{chunk.block:06d}-{parts:06d}-{attempt}", results,
+                          models)
             parts += 1
             bar.update(results.num_rows)
     if watch is not None:

@@ -193,7 +193,9 @@ def prepare(
     X = prepare_features(frame, meta) if features is None else features
     numeric = [c for c in plan.features if c not in categorical]
     values = (X if not categorical else X[numeric]).to_numpy(dtype="float64")
-    if np.isnan(values).any():
+    gaps = np.isnan(values)
+    has_gaps = bool(gaps.any())
+    if has_gaps:
         with np.errstate(all="ignore"), warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN columns
             low, high = np.nanmin(values, axis=0), np.nanmax(values, axis=0)
@@ -205,6 +207,9 @@ def prepare(
     if not varying.any() and not any(len(categorical[c]) > 1 for c in categorical):
         raise Skip("no usable feature: every feature is empty or constant in this segment")
     meta["fill"] = dict(zip(numeric, medians.tolist(), strict=True))
+    # without categoricals, scikit-learn's input is this matrix with the gaps filled
+    # (what sklearn_input would compute again from X)
+    matrix = None if categorical else (np.where(gaps, medians, values) if has_gaps else values)
     raw = frame[plan.target]
     if plan.task in CLASSIFICATION:
         classes = sorted(raw.unique().tolist(), key=lambda v: (str(type(v)), v))
@@ -218,7 +223,7 @@ def prepare(
         y = raw.to_numpy(dtype="float64")
         if y.min() == y.max():
             raise Skip(f"constant target: every value is {y[0]!r}")
-    return Prepared(X, y, make_splits(n, plan, key), meta, n)
+    return Prepared(X, y, make_splits(n, plan, key), meta, n, matrix)
 
 
 def make_splits(n: int, plan: Plan, key: tuple) -> list[tuple[np.ndarray, np.ndarray]]:
