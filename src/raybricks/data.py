@@ -43,7 +43,7 @@ import shutil
 import tempfile
 import uuid
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
 import pyarrow as pa
@@ -69,39 +69,40 @@ BLOCKS_PER_CPU = 4
 
 @dataclass
 class SegmentedDataset:
-    """A Ray Dataset of segment-aligned blocks, with what is known about it.
+    """Segment-aligned blocks in Ray's object store, with what is known about them.
 
-    ``segments``: per block, the (key, rows) of its segments in order, as the readers
-    found them when they cut the blocks (None: computed by Ray tasks when first asked).
+    ``refs``: the blocks (Arrow tables), in order. ``segments``: per block, the
+    (key, rows) of its segments in order, as the readers found them when they cut the
+    blocks. ``dataset``: the same blocks as a Ray Dataset (made when first asked for:
+    the engine reads the blocks directly).
     """
 
-    dataset: ray.data.Dataset
+    refs: list
     segment_by: list[str]
     strategy: str
     num_rows: int
-    num_blocks: int
-    refs: list | None = None
-    segments: list[list[tuple[tuple, int]]] | None = None
+    schema: pa.Schema
+    segments: list[list[tuple[tuple, int]]]
+    _dataset: ray.data.Dataset | None = field(default=None, repr=False)
 
     @property
-    def schema(self) -> pa.Schema:
-        return self.dataset.schema().base_schema
+    def num_blocks(self) -> int:
+        return len(self.refs)
+
+    @property
+    def dataset(self) -> ray.data.Dataset:
+        if self._dataset is None:
+            import ray.data
+
+            self._dataset = ray.data.from_arrow_refs(self.refs)
+        return self._dataset
 
     def block_refs(self) -> list:
         """References to the blocks (Arrow tables), in order."""
-        if self.refs is None:
-            self.refs = self.dataset.to_arrow_refs()
         return self.refs
 
     def block_segments(self) -> list[list[tuple[tuple, int]]]:
         """Per block, the (key, rows) of every segment, in order."""
-        if self.segments is None:
-            import ray
-
-            lister = ray.remote(block_segments)
-            self.segments = ray.get(
-                [lister.remote(ref, self.segment_by) for ref in self.block_refs()]
-            )
         return self.segments
 
     def count_segments(self) -> int:
@@ -293,28 +294,34 @@ def _read_chunk_blocks(chunk_ids: list[str], segment_by: list[str], max_block_ro
 
 
 def _blocks_then_segments(table: pa.Table, segment_by: list[str], max_block_rows: int):
-    """A reader's outputs: its blocks, then one list of every block's segments (so the
-    engine knows what each block holds without reading it again)."""
+    """A reader's outputs: its blocks, then its table's schema and every block's segments
+    (so the engine knows what each block holds without reading it again)."""
     blocks = split_into_blocks(table, segment_by, max_block_rows)
     yield from blocks
-    yield [block_segments(block, segment_by) for block in blocks]
+    yield table.schema, [block_segments(block, segment_by) for block in blocks]
 
 
 # --------------------------------------------------------------------------- transfer
 
 
 def _gather_blocks(read_fn, items: list, segment_by: list[str], max_block_rows: int):
-    """Run ``read_fn`` as a streaming Ray task per item; return the block references and
-    every block's segments."""
+    """Run ``read_fn`` as a streaming Ray task per item; return the block references,
+    the schema and every block's segments."""
     import ray
 
     reader = ray.remote(num_returns="streaming", max_retries=3)(read_fn)
     generators = [reader.remote(item, segment_by, max_block_rows) for item in items]
     outputs = [list(generator) for generator in generators]
     refs = [ref for output in outputs for ref in output[:-1]]
-    segments = [block for found in ray.get([output[-1] for output in outputs])
-                for block in found]
-    return refs, segments
+    found = ray.get([output[-1] for output in outputs])
+    schema = unify_schemas([schema for schema, _ in found])
+    return refs, schema, [block for _, blocks in found for block in blocks]
+
+
+def unify_schemas(schemas: list[pa.Schema]) -> pa.Schema:
+    """One schema for the readers' tables (Spark gives them all the same columns; a
+    partition without rows may lack the metadata the others carry)."""
+    return pa.unify_schemas([s.remove_metadata() for s in schemas]) if schemas else pa.schema([])
 
 
 def stage_as_parquet(df: DataFrame, staging_dir: str) -> list[str]:
@@ -389,7 +396,8 @@ def _blocks_via_arrow(df, segment_by, max_block_rows):
 
     table = sort_by_segment(normalize_types(df.toArrow()), segment_by)
     blocks = split_into_blocks(table, segment_by, max_block_rows)
-    return [ray.put(b) for b in blocks], [block_segments(b, segment_by) for b in blocks]
+    segments = [block_segments(b, segment_by) for b in blocks]
+    return [ray.put(b) for b in blocks], table.schema.remove_metadata(), segments
 
 
 def choose_strategy(
@@ -459,19 +467,22 @@ def to_ray_dataset(
     max_block_rows = min(max_block_rows, math.ceil(num_rows / blocks))
     if chosen == "arrow":
         log.info("moving %d rows to Ray via arrow", num_rows)
-        refs, segments = _blocks_via_arrow(df, segment_by, max_block_rows)
+        refs, schema, segments = _blocks_via_arrow(df, segment_by, max_block_rows)
     else:
-        partitions = min(blocks, max(ray_cpus, math.ceil(num_rows / ROWS_PER_PARTITION)))
+        # a whole number of waves of readers, one per Ray CPU (no CPU idles in the last)
+        waves = math.ceil(num_rows / ROWS_PER_PARTITION / ray_cpus)
+        partitions = min(blocks, ray_cpus * waves)
         clustered = df.repartition(partitions, *segment_by)
         log.info("moving %d rows to Ray via %s in %d partitions", num_rows, chosen, partitions)
         if chosen == "parquet":
-            refs, segments = _blocks_via_parquet(
+            refs, schema, segments = _blocks_via_parquet(
                 clustered, segment_by, max_block_rows, staging_dir
             )
         else:
-            refs, segments = _blocks_via_chunks(clustered, segment_by, max_block_rows, num_rows)
-    dataset = ray.data.from_arrow_refs(refs)
-    return SegmentedDataset(dataset, segment_by, chosen, num_rows, len(refs), refs, segments)
+            refs, schema, segments = _blocks_via_chunks(
+                clustered, segment_by, max_block_rows, num_rows
+            )
+    return SegmentedDataset(refs, segment_by, chosen, num_rows, schema, segments)
 
 
 def _first_line(exc: BaseException) -> str:
