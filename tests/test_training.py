@@ -6,6 +6,7 @@ import json
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import pytest
 
 from raybricks.config import JobConfig
@@ -266,3 +267,19 @@ def test_packed_tasks_cover_every_segment_to_train_once_in_balanced_runs():
         assert chunk.end == offsets[chunk.keys[-1]][1]
         inside = [k for k, (s, e) in offsets.items() if chunk.start <= s and e <= chunk.end]
         assert set(chunk.keys) == set(inside) - done
+
+
+def test_tasks_cap_every_thread_pool_of_the_candidates_libraries():
+    from threadpoolctl import threadpool_info
+
+    from raybricks.training.engine import limit_threads
+
+    config = JobConfig.from_dict({
+        "source": {"table": "t"}, "segment_by": ["store"], "target": "y", "models": CANDIDATES,
+    })
+    plan = make_plan(config, pa.Table.from_pandas(helpers.shops()).schema)
+    for _ in range(2):  # the second task reuses the first one's scan of the libraries
+        with limit_threads(plan):
+            pools = threadpool_info()
+            assert {p["internal_api"] for p in pools} >= {"openblas", "openmp"}
+            assert all(p["num_threads"] == plan.threads == 1 for p in pools)

@@ -22,6 +22,8 @@ noting that segment on a small actor: the retried task skips it and the segment 
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import logging
 import os
@@ -180,19 +182,16 @@ def train_block(
     just these segments; ``rows``: only the segments in this row range of the block).
     ``watch``: stop the worker when a segment runs past its time limit (segments that
     already timed out are left out)."""
-    from threadpoolctl import threadpool_limits
-
     if rows is not None:
         block = block.slice(rows[0], rows[1] - rows[0])
     skip = set(done or ())
     if watch is not None:
         skip |= watch.timed_out()
-        warm_up(plan)
     results, members = [], []
     frame = block.select(plan.columns).to_pandas()
     # numeric features are converted once per block, not once per segment
     features = None if plan.categorical else prepare_features(frame, {"features": plan.features})
-    with threadpool_limits(plan.threads), SegmentWatchdog(watch) as watchdog:
+    with limit_threads(plan), SegmentWatchdog(watch) as watchdog:
         for key, start, end in segment_bounds(block, plan.segment_by):
             if key in skip or (only is not None and key not in only) or is_large(
                 end - start, plan
@@ -204,7 +203,7 @@ def train_block(
             watchdog.started(None)
             results.append(row)
             members.extend(keyed_members(plan, key, rows_))
-    return seg.results_table(results, plan), rows_to_table(members)
+    return seg.results_table(results, plan), seg.members_table(members, plan)
 
 
 def warm_up(plan: Plan) -> None:
@@ -218,6 +217,22 @@ def warm_up(plan: Plan) -> None:
         if candidate.kind == "sklearn" or plan.categorical:
             importlib.import_module("sklearn.pipeline")
         check_importable(candidate)
+
+
+def limit_threads(plan: Plan) -> contextlib.AbstractContextManager:
+    """Cap BLAS/OpenMP threads at ``plan.threads`` while a task trains. The candidates'
+    libraries are imported first, so threadpoolctl sees them; its scan of the loaded
+    libraries (a few milliseconds) is made once per worker and candidate set."""
+    warm_up(plan)
+    candidates = tuple((c.kind, c.estimator, c.function) for c in plan.candidates)
+    return _thread_controller(candidates, bool(plan.categorical)).limit(limits=plan.threads)
+
+
+@functools.cache
+def _thread_controller(candidates: tuple, categorical: bool):
+    from threadpoolctl import ThreadpoolController
+
+    return ThreadpoolController()
 
 
 class TimeoutBoard:
@@ -554,7 +569,7 @@ def _run_spread(refs, todo, plan: Plan, config: JobConfig, run_dir: Path) -> Non
         results.append(row)
         members.extend(keyed_members(plan, key, rows))
     write_outcome(run_dir, f"part-spread-{uuid.uuid4().hex[:8]}",
-                  seg.results_table(results, plan), rows_to_table(members))
+                  seg.results_table(results, plan), seg.members_table(members, plan))
 
 
 def segment_rows(block: pa.Table, plan: Plan, key: tuple) -> pd.DataFrame:

@@ -44,7 +44,7 @@ DATA_PARALLEL_KINDS = ("xgboost", "lightgbm")
 
 def train_large_segments(refs, large_keys, plan: Plan, config: JobConfig, run_dir: Path):
     """Train every large segment; write its result row and members like the engine does."""
-    from raybricks.training.engine import keyed_members, rows_to_table, write_outcome
+    from raybricks.training.engine import keyed_members, write_outcome
 
     for block_ref, keys in zip(refs, large_keys, strict=True):
         for key in keys:
@@ -55,7 +55,7 @@ def train_large_segments(refs, large_keys, plan: Plan, config: JobConfig, run_di
                 row, members = seg.result_for_error(exc, plan, key), []
             write_outcome(run_dir, f"part-large-{uuid.uuid4().hex[:10]}",
                           seg.results_table([row], plan),
-                          rows_to_table(keyed_members(plan, key, members)))
+                          seg.members_table(keyed_members(plan, key, members), plan))
 
 
 def train_one_segment(block: pa.Table, plan: Plan, key: tuple):

@@ -385,7 +385,7 @@ def result_schema(plan: Plan) -> pa.Schema:
     scores = [f"baseline_{metric}", *(f"{c.name}_{metric}" for c in plan.candidates),
               f"metric_{metric}"]
     return pa.schema([
-        *(pa.field(f.name, f.type) for f in plan.key_fields),
+        *key_fields(plan),
         pa.field("status", pa.string()), pa.field("reason", pa.string()),
         pa.field("n_rows", pa.int64()), pa.field("n_valid", pa.int64()),
         *(pa.field(name, pa.float64()) for name in scores),
@@ -397,6 +397,23 @@ def result_schema(plan: Plan) -> pa.Schema:
 def results_table(rows: list[dict[str, Any]], plan: Plan) -> pa.Table:
     """Result rows as a table of ``result_schema`` (a column no row has is all null)."""
     return pa.Table.from_pylist(rows, schema=result_schema(plan))
+
+
+MEMBER_FIELDS = [
+    pa.field("candidate", pa.string()), pa.field("kind", pa.string()),
+    pa.field("weight", pa.float64()), pa.field("params", pa.string()),
+    pa.field("payload", pa.binary()), pa.field("meta", pa.string()),
+]
+
+
+def members_table(rows: list[dict[str, Any]], plan: Plan) -> pa.Table:
+    """Serialized members keyed by their segment (``engine.keyed_members``) as a table."""
+    return pa.Table.from_pylist(rows, schema=pa.schema(key_fields(plan) + MEMBER_FIELDS))
+
+
+def key_fields(plan: Plan) -> list[pa.Field]:
+    """The segment columns as nullable fields (a key may be null)."""
+    return [pa.field(f.name, f.type) for f in plan.key_fields]
 
 
 def key_row(plan: Plan, key: tuple, n_rows: int) -> dict[str, Any]:
