@@ -348,7 +348,9 @@ def make_chunks(todo: list[set], bounds: list[list[tuple[tuple, int]]], cpus: in
             offset += rows
         if keys:
             chunks.append(Chunk(index, start, end, tuple(keys)))
-    return chunks
+    # the largest first: Ray starts tasks in about this order, so the end of the job
+    # waits only on small ones
+    return sorted(chunks, key=lambda chunk: chunk.end - chunk.start, reverse=True)
 
 
 def sample_block(block: pa.Table, fraction: float, seed: int, columns: list[str]) -> pa.Table:
