@@ -101,13 +101,9 @@ class SegmentedDataset:
         """References to the blocks (Arrow tables), in order."""
         return self.refs
 
-    def block_segments(self) -> list[list[tuple[tuple, int]]]:
-        """Per block, the (key, rows) of every segment, in order."""
-        return self.segments
-
     def count_segments(self) -> int:
         """Distinct segments across all blocks (no segment spans two blocks)."""
-        return sum(len(block) for block in self.block_segments())
+        return sum(len(block) for block in self.segments)
 
 
 # --------------------------------------------------------------------------- input

@@ -175,18 +175,16 @@ def rows_to_table(rows: list[dict[str, Any]]) -> pa.Table:
 
 
 def train_block(
-    block: pa.Table, plan: Plan, done: frozenset | None, only: frozenset | None = None,
+    block: pa.Table, plan: Plan, only: frozenset | None = None,
     watch: Watch | None = None, rows: tuple[int, int] | None = None,
 ) -> tuple[pa.Table, pa.Table]:
-    """Ray task body: train every segment of one block that is not done yet (``only``:
-    just these segments; ``rows``: only the segments in this row range of the block).
-    ``watch``: stop the worker when a segment runs past its time limit (segments that
-    already timed out are left out)."""
+    """Ray task body: train the segments of one block (``only``: just these segments;
+    ``rows``: only the segments in this row range of the block). ``watch``: stop the
+    worker when a segment runs past its time limit (segments that already timed out are
+    left out)."""
     if rows is not None:
         block = block.slice(rows[0], rows[1] - rows[0])
-    skip = set(done or ())
-    if watch is not None:
-        skip |= watch.timed_out()
+    skip = watch.timed_out() if watch is not None else set()
     results, members = [], []
     frame = block.select(plan.columns).to_pandas()
     # numeric features are converted once per block, not once per segment
@@ -199,10 +197,10 @@ def train_block(
                 continue
             watchdog.started(key)
             part = None if features is None else features.iloc[start:end]
-            row, rows_ = seg.train_segment(frame.iloc[start:end], key, plan, part)
+            row, segment_members = seg.train_segment(frame.iloc[start:end], key, plan, part)
             watchdog.started(None)
             results.append(row)
-            members.extend(keyed_members(plan, key, rows_))
+            members.extend(keyed_members(plan, key, segment_members))
     return seg.results_table(results, plan), seg.members_table(members, plan)
 
 
@@ -400,7 +398,7 @@ def train_segments(
         tuple(r[c] for c in plan.segment_by)
         for r in previous.select(plan.segment_by).to_pylist()
     ) if previous.num_rows else None
-    bounds = segmented.block_segments()
+    bounds = segmented.segments
     # per block: the segments the packed or spread path trains now, and the large ones
     todo = [
         [key for key, rows in block if not (done and key in done) and not is_large(rows, plan)]
@@ -482,7 +480,7 @@ def _run_packed(refs, chunks: list[Chunk], plan, config, run_dir, n_todo, progre
 
     def submit(chunk: Chunk, keys: tuple[tuple, ...]):
         rows = (chunk.start, chunk.end)
-        return task.remote(refs[chunk.block], plan_ref, None, frozenset(keys), watch, rows)
+        return task.remote(refs[chunk.block], plan_ref, frozenset(keys), watch, rows)
 
     pending = {submit(chunk, chunk.keys): (chunk, chunk.keys) for chunk in chunks}
     attempt = uuid.uuid4().hex[:8]
