@@ -245,8 +245,8 @@ def test_large_segment_without_boosting_candidates_trains_in_one_task(
     assert rows.loc["s5", "n_rows"] == 110 and rows.loc["s5", "chosen"] == '["ridge"]'
 
 
-def test_packed_tasks_cover_every_segment_to_train_once_in_balanced_runs():
-    from raybricks.training.engine import MIN_SEGMENTS_PER_TASK, TASKS_PER_CPU, make_chunks
+def test_packed_tasks_cover_every_segment_to_train_once_in_shrinking_runs():
+    from raybricks.training.engine import MIN_SEGMENTS_PER_TASK, make_chunks, run_size
 
     # two blocks: 300 segments of 1 to 5 rows, then 500 of 2 rows; some are done already
     bounds = [[((i,), 1 + i % 5) for i in range(300)], [((i,), 2) for i in range(300, 800)]]
@@ -255,9 +255,13 @@ def test_packed_tasks_cover_every_segment_to_train_once_in_balanced_runs():
     chunks = make_chunks(todo, bounds, cpus=2)
     keys = [k for c in chunks for k in c.keys]
     assert sorted(keys) == sorted(set().union(*todo))  # each once, none done
-    per_task = max(MIN_SEGMENTS_PER_TASK, -(-len(keys) // (TASKS_PER_CPU * 2)))
-    assert all(0 < len(c.keys) <= per_task for c in chunks)
-    assert len(chunks) <= TASKS_PER_CPU * 2 + len(bounds)
+    sizes = [len(c.keys) for c in chunks]
+    # guided sizes: the first run takes its share of everything, the last ones are small
+    assert max(sizes) == run_size(len(keys), cpus=2) > 2 * MIN_SEGMENTS_PER_TASK
+    assert min(sizes) <= MIN_SEGMENTS_PER_TASK
+    assert 4 <= len(chunks) < len(keys) / MIN_SEGMENTS_PER_TASK
+    rows = [c.end - c.start for c in chunks]
+    assert rows == sorted(rows, reverse=True)  # the largest are submitted first
     for chunk in chunks:  # the row range holds exactly the chunk's segments, in order
         offsets, at = {}, 0
         for key, rows in bounds[chunk.block]:

@@ -1,11 +1,11 @@
 """The execution engine: many segments packed into each Ray task, results streamed back.
 
-``train_segments`` cuts the segments of the segment-aligned blocks into runs (about
-``TASKS_PER_CPU`` per CPU, never across blocks); one Ray task trains each run and returns
-two small Arrow tables (result rows, serialized models).
-The driver writes each task's tables as Parquet parts under the run directory as they
-arrive, so its memory holds only result rows, an interrupted run keeps what finished, and
-``resume`` retrains only the segments that have no result yet.
+``train_segments`` cuts the segments of the segment-aligned blocks into runs of guided
+sizes (large first, shrinking towards the end of the job; never across blocks); one Ray
+task trains each run and returns its result rows and serialized models already encoded
+as Parquet (an ``Outcome``). The driver writes those bytes as parts under the run
+directory as they arrive, so its memory holds only result rows, an interrupted run keeps
+what finished, and ``resume`` retrains only the segments that have no result yet.
 
 When there are fewer segments than CPUs, the engine spreads the work of each segment
 (candidates x settings) over tasks instead, with the segment's data in the object store
@@ -44,7 +44,6 @@ from raybricks.config import JobConfig
 from raybricks.data import SegmentedDataset, segment_bounds
 from raybricks.errors import ConfigError
 from raybricks.models import check_importable, trial_settings
-from raybricks.segmented_model import prepare_features
 from raybricks.training import segment as seg
 from raybricks.training.segment import FAILED, SKIPPED, TRAINED, Plan
 
@@ -135,20 +134,42 @@ def beats_baseline(values: pd.Series, base: pd.Series, metric: str) -> float:
     return float(np.mean(better)) if len(values) else float("nan")
 
 
-def write_part(directory: Path, name: str, table: pa.Table) -> None:
+def write_part(directory: Path, name: str, data: bytes) -> None:
     """Write a Parquet part atomically (a crash never leaves half a file)."""
     directory.mkdir(parents=True, exist_ok=True)
     tmp = directory / f".{name}.tmp"
-    pq.write_table(table, tmp)
+    tmp.write_bytes(data)
     os.replace(tmp, directory / f"{name}.parquet")
 
 
-def write_outcome(run_dir: Path, name: str, results: pa.Table, models: pa.Table) -> None:
-    """Write one batch of result rows and serialized models as parts of the run."""
-    if models.num_rows:
-        write_part(run_dir / "models", name, models)
-    if results.num_rows:
-        write_part(run_dir / "results", name, results)
+def parquet_bytes(table: pa.Table) -> bytes:
+    """A table as the bytes of a Parquet file (no bytes for an empty table)."""
+    if not table.num_rows:
+        return b""
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink)
+    return sink.getvalue().to_pybytes()
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """A batch of result rows and serialized models, encoded as Parquet files. Tasks
+    encode their own, so the driver only writes bytes it never decodes."""
+
+    segments: int
+    results: bytes
+    models: bytes
+
+    @classmethod
+    def of(cls, results: pa.Table, models: pa.Table) -> Outcome:
+        return cls(results.num_rows, parquet_bytes(results), parquet_bytes(models))
+
+    def write(self, run_dir: Path, name: str) -> None:
+        """Write the batch as parts of the run; models first, so a result row (what
+        ``resume`` goes by) never exists without its models."""
+        for directory, data in (("models", self.models), ("results", self.results)):
+            if data:
+                write_part(run_dir / directory, name, data)
 
 
 def keyed_members(plan: Plan, key: tuple, members: list[dict[str, Any]]) -> list[dict]:
@@ -177,7 +198,7 @@ def rows_to_table(rows: list[dict[str, Any]]) -> pa.Table:
 def train_block(
     block: pa.Table, plan: Plan, only: frozenset | None = None,
     watch: Watch | None = None, rows: tuple[int, int] | None = None,
-) -> tuple[pa.Table, pa.Table]:
+) -> Outcome:
     """Ray task body: train the segments of one block (``only``: just these segments;
     ``rows``: only the segments in this row range of the block). ``watch``: stop the
     worker when a segment runs past its time limit (segments that already timed out are
@@ -186,9 +207,8 @@ def train_block(
         block = block.slice(rows[0], rows[1] - rows[0])
     skip = watch.timed_out() if watch is not None else set()
     results, members = [], []
-    frame = block.select(plan.columns).to_pandas()
-    # numeric features are converted once per block, not once per segment
-    features = None if plan.categorical else prepare_features(frame, {"features": plan.features})
+    # the columns are converted once per block; a segment's rows are slices of them
+    columns = seg.columns_of(block.select(plan.columns).to_pandas(), plan)
     with limit_threads(plan), SegmentWatchdog(watch) as watchdog:
         for key, start, end in segment_bounds(block, plan.segment_by):
             if key in skip or (only is not None and key not in only) or is_large(
@@ -196,12 +216,11 @@ def train_block(
             ):
                 continue
             watchdog.started(key)
-            part = None if features is None else features.iloc[start:end]
-            row, segment_members = seg.train_segment(frame.iloc[start:end], key, plan, part)
+            row, segment_members = seg.train_segment(columns.rows(slice(start, end)), key, plan)
             watchdog.started(None)
             results.append(row)
             members.extend(keyed_members(plan, key, segment_members))
-    return seg.results_table(results, plan), seg.members_table(members, plan)
+    return Outcome.of(seg.results_table(results, plan), seg.members_table(members, plan))
 
 
 def warm_up(plan: Plan) -> None:
@@ -321,18 +340,30 @@ class Chunk:
     keys: tuple[tuple, ...]
 
 
-#: Packed tasks per Ray CPU: small enough that no CPU idles long at the end of a job,
-#: large enough that a task's fixed cost stays small next to its segments.
-TASKS_PER_CPU = 8
+#: Guided chunk sizes: each run of segments takes 1/(GUIDED_SHARE x CPUs) of the segments
+#: not yet cut, so runs shrink as the job goes on. The first runs are large (a task's fixed
+#: cost, a few milliseconds, is paid rarely) and the last are small (no CPU idles long
+#: waiting for the last task).
+GUIDED_SHARE = 2
 MIN_SEGMENTS_PER_TASK = 32
 
 
+def run_size(remaining: int, cpus: int) -> int:
+    """How many segments the next run of segments takes."""
+    return max(MIN_SEGMENTS_PER_TASK, -(-remaining // max(GUIDED_SHARE * cpus, 1)))
+
+
 def make_chunks(todo: list[set], bounds: list[list[tuple[tuple, int]]], cpus: int) -> list[Chunk]:
-    """Cut each block's segments to train into runs of about equal count, about
-    ``TASKS_PER_CPU`` per CPU in all (blocks are never merged)."""
-    total = sum(len(keys) for keys in todo)
-    per_task = max(MIN_SEGMENTS_PER_TASK, -(-total // max(TASKS_PER_CPU * cpus, 1)))
+    """Cut each block's segments to train into runs of ``run_size`` segments, in
+    decreasing size (blocks are never merged), largest first."""
+    remaining = sum(len(keys) for keys in todo)
     chunks = []
+
+    def cut(index: int, start: int, end: int, keys: list[tuple]) -> None:
+        nonlocal remaining
+        chunks.append(Chunk(index, start, end, tuple(keys)))
+        remaining -= len(keys)
+
     for index, (wanted, block) in enumerate(zip(todo, bounds, strict=True)):
         offset, start, end, keys = 0, 0, 0, []
         for key, rows in block:
@@ -340,14 +371,13 @@ def make_chunks(todo: list[set], bounds: list[list[tuple[tuple, int]]], cpus: in
                 start = start if keys else offset
                 end = offset + rows
                 keys.append(key)
-                if len(keys) >= per_task:
-                    chunks.append(Chunk(index, start, end, tuple(keys)))
+                if len(keys) >= run_size(remaining, cpus):
+                    cut(index, start, end, keys)
                     keys = []
             offset += rows
         if keys:
-            chunks.append(Chunk(index, start, end, tuple(keys)))
-    # the largest first: Ray starts tasks in about this order, so the end of the job
-    # waits only on small ones
+            cut(index, start, end, keys)
+    # Ray starts tasks in about this order, so the end of the job waits only on small ones
     return sorted(chunks, key=lambda chunk: chunk.end - chunk.start, reverse=True)
 
 
@@ -491,7 +521,7 @@ def _run_packed(refs, chunks: list[Chunk], plan, config, run_dir, n_todo, progre
             ready, _ = ray.wait(list(pending), num_returns=1)
             chunk, keys = pending.pop(ready[0])
             try:
-                results, models = ray.get(ready[0])
+                outcome = ray.get(ready[0])
             except (ray.exceptions.RayError, ray.exceptions.RayTaskError) as exc:
                 timed_out = watch.timed_out() if watch else set()
                 keys = [k for k in keys if k not in timed_out]
@@ -501,11 +531,10 @@ def _run_packed(refs, chunks: list[Chunk], plan, config, run_dir, n_todo, progre
                     for key in keys:
                         pending[submit(chunk, (key,))] = (chunk, (key,))
                     continue
-                results, models = _lost_block(keys, plan, exc), pa.table({})
-            write_outcome(run_dir, f"part-{chunk.block:06d}-{parts:06d}-{attempt}", results,
-                          models)
+                outcome = Outcome.of(_lost_block(keys, plan, exc), pa.table({}))
+            outcome.write(run_dir, f"part-{chunk.block:06d}-{parts:06d}-{attempt}")
             parts += 1
-            bar.update(results.num_rows)
+            bar.update(outcome.segments)
     if watch is not None:
         _write_timed_out(watch, limit, plan, run_dir, attempt)
         ray.kill(watch.board)
@@ -535,8 +564,8 @@ def _write_timed_out(watch: Watch, limit: float, plan: Plan, run_dir: Path, atte
     timed_out = ray.get(watch.board.timed_out.remote())
     reasons = [f"timed out: still fitting after {seconds:.1f}s (training.segment_timeout_s="
                f"{limit:g}); its worker was stopped" for seconds in timed_out.values()]
-    write_outcome(run_dir, f"part-timeout-{attempt}", failed_rows(timed_out, plan, reasons),
-                  pa.table({}))
+    Outcome.of(failed_rows(timed_out, plan, reasons), pa.table({})).write(
+        run_dir, f"part-timeout-{attempt}")
 
 
 def _run_spread(refs, todo, plan: Plan, config: JobConfig, run_dir: Path) -> None:
@@ -568,8 +597,8 @@ def _run_spread(refs, todo, plan: Plan, config: JobConfig, run_dir: Path) -> Non
             row, rows = _lost_block([key], plan, exc).to_pylist()[0], []
         results.append(row)
         members.extend(keyed_members(plan, key, rows))
-    write_outcome(run_dir, f"part-spread-{uuid.uuid4().hex[:8]}",
-                  seg.results_table(results, plan), seg.members_table(members, plan))
+    Outcome.of(seg.results_table(results, plan), seg.members_table(members, plan)).write(
+        run_dir, f"part-spread-{uuid.uuid4().hex[:8]}")
 
 
 def segment_rows(block: pa.Table, plan: Plan, key: tuple) -> pd.DataFrame:
@@ -626,5 +655,5 @@ def _run_fallback(refs, plan: Plan, config: JobConfig, num_rows: int, run_dir: P
     (run_dir / "fallback.json").write_text(json.dumps(
         {k: v for k, v in row.items() if k not in plan.segment_by}, default=str))
     if members:
-        write_part(run_dir, "fallback", rows_to_table(members))
+        write_part(run_dir, "fallback", parquet_bytes(rows_to_table(members)))
     return members or None

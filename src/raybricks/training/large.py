@@ -18,6 +18,7 @@ data-parallel as above.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import tempfile
@@ -44,7 +45,7 @@ DATA_PARALLEL_KINDS = ("xgboost", "lightgbm")
 
 def train_large_segments(refs, large_keys, plan: Plan, config: JobConfig, run_dir: Path):
     """Train every large segment; write its result row and members like the engine does."""
-    from raybricks.training.engine import keyed_members, write_outcome
+    from raybricks.training.engine import Outcome, keyed_members
 
     for block_ref, keys in zip(refs, large_keys, strict=True):
         for key in keys:
@@ -53,9 +54,10 @@ def train_large_segments(refs, large_keys, plan: Plan, config: JobConfig, run_di
                 row, members = train_large_segment(block_ref, key, plan, config, run_dir)
             except Exception as exc:  # noqa: BLE001 - a bad segment never stops the job
                 row, members = seg.result_for_error(exc, plan, key), []
-            write_outcome(run_dir, f"part-large-{uuid.uuid4().hex[:10]}",
-                          seg.results_table([row], plan),
-                          seg.members_table(keyed_members(plan, key, members), plan))
+            Outcome.of(
+                seg.results_table([row], plan),
+                seg.members_table(keyed_members(plan, key, members), plan),
+            ).write(run_dir, f"part-large-{uuid.uuid4().hex[:10]}")
 
 
 def train_one_segment(block: pa.Table, plan: Plan, key: tuple):
@@ -77,9 +79,7 @@ def split_segment(block: pa.Table, plan: Plan, key: tuple):
         "meta": prep.meta,
         "n_rows": prep.n_rows,
         "y_valid": prep.y[valid],
-        "baseline": seg.baseline(
-            seg.Prepared(prep.X, prep.y, [(train, valid)], prep.meta, prep.n_rows), plan
-        ),
+        "baseline": seg.baseline(dataclasses.replace(prep, splits=[(train, valid)]), plan),
     }
     return table.take(train), table.take(valid), info
 

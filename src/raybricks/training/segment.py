@@ -118,26 +118,74 @@ def stable_seed(*parts: Any) -> int:
 
 
 @dataclass
-class Prepared:
-    """One segment, ready to fit: features, encoded target, splits, model metadata."""
+class Columns:
+    """A block's or one segment's rows as the segment logic reads them: the raw target
+    and time values as arrays, and the features either as one float64 matrix (NaN for
+    missing or infinite values) when all are numeric, or as the raw frame when some are
+    categorical (their categories are found per segment). Made once per block; a
+    segment's rows are cheap slices of it."""
 
-    X: pd.DataFrame
+    target: np.ndarray
+    times: np.ndarray | None
+    matrix: np.ndarray | None
+    frame: pd.DataFrame | None
+
+    def __len__(self) -> int:
+        return len(self.target)
+
+    def rows(self, index: slice | np.ndarray) -> Columns:
+        """These rows (a slice gives views, positions a copy)."""
+        return Columns(
+            self.target[index],
+            None if self.times is None else self.times[index],
+            None if self.matrix is None else self.matrix[index],
+            None if self.frame is None else self.frame.iloc[index],
+        )
+
+
+def columns_of(frame: pd.DataFrame, plan: Plan) -> Columns:
+    """The plan's columns of a frame (a block or one segment) as ``Columns``."""
+    target = frame[plan.target].to_numpy()
+    times = frame[plan.time_column].to_numpy() if plan.time_column else None
+    if plan.categorical:
+        return Columns(target, times, None, frame)
+    matrix = prepare_features(frame, {"features": plan.features}).to_numpy()
+    return Columns(target, times, matrix, None)
+
+
+@dataclass
+class Prepared:
+    """One segment, ready to fit: features, encoded target, splits, model metadata.
+
+    ``values``: the numeric features' matrix (NaN for missing). ``X``, the feature frame
+    that LightGBM, XGBoost and user functions read, is built from it on first use when
+    no feature is categorical; scikit-learn kinds read ``matrix``, the values with gaps
+    filled by the training medians."""
+
     y: np.ndarray
     splits: list[tuple[np.ndarray, np.ndarray]]
     meta: dict[str, Any]
     n_rows: int
-    _sklearn: Any = None
+    values: np.ndarray | None = None
+    frame: pd.DataFrame | None = None
+    matrix: Any = None
+
+    @property
+    def X(self) -> pd.DataFrame:
+        if self.frame is None:
+            self.frame = pd.DataFrame(self.values, columns=self.meta["features"])
+        return self.frame
 
     def rows(self, kind: str, indices: np.ndarray) -> Any:
         """The model input for these rows: scikit-learn kinds get their prepared matrix
         (built once per segment), the others a slice of the feature frame."""
         if kind != "sklearn":
             return self.X.iloc[indices]
-        if self._sklearn is None:
-            self._sklearn = sklearn_input(self.X, self.meta)
-        if isinstance(self._sklearn, np.ndarray):
-            return self._sklearn[indices]
-        return self._sklearn.iloc[indices]
+        if self.matrix is None:
+            self.matrix = sklearn_input(self.X, self.meta)
+        if isinstance(self.matrix, np.ndarray):
+            return self.matrix[indices]
+        return self.matrix.iloc[indices]
 
 
 @dataclass
@@ -156,16 +204,11 @@ class Skip(Exception):
     """A segment that cannot be trained, with the reason users will read."""
 
 
-def prepare(
-    frame: pd.DataFrame, plan: Plan, key: tuple, features: pd.DataFrame | None = None
-) -> Prepared:
+def prepare(data: pd.DataFrame | Columns, plan: Plan, key: tuple) -> Prepared:
     """Drop rows without a (finite) target, check the segment is trainable, build the
-    splits.
-
-    ``features``: the segment's rows of ``prepare_features`` computed once for the whole
-    block (possible when no feature is categorical), to save per-segment conversions.
-    """
-    target = frame[plan.target].to_numpy()
+    splits. ``data``: the segment's rows, as a frame or as ``Columns``."""
+    columns = columns_of(data, plan) if isinstance(data, pd.DataFrame) else data
+    target = columns.target
     if target.dtype.kind == "f":  # an infinite target is as unusable as a missing one
         keep = np.isfinite(target)
     elif target.dtype.kind in "biu":  # plain integers and booleans cannot be missing
@@ -173,26 +216,28 @@ def prepare(
     else:
         keep = ~pd.isna(target)
     order = None if keep.all() else np.flatnonzero(keep)
-    n = len(frame) if order is None else len(order)
+    n = len(columns) if order is None else len(order)
     if n == 0:
-        raise Skip(f"no target: the target is null or infinite in all {len(frame)} rows")
+        raise Skip(f"no target: the target is null or infinite in all {len(columns)} rows")
     if n < plan.min_rows:
         raise Skip(f"too few rows: {n} < min_rows={plan.min_rows}")
     if plan.time_column:
-        times = frame[plan.time_column].to_numpy()
-        base = np.arange(len(frame)) if order is None else order
-        order = base[np.argsort(times[base], kind="stable")]
+        base = np.arange(len(columns)) if order is None else order
+        order = base[np.argsort(columns.times[base], kind="stable")]
     if order is not None:
-        frame = frame.iloc[order]
-        features = None if features is None else features.iloc[order]
-    categorical = {
-        c: sorted(str(v) for v in frame[c].dropna().unique()) for c in plan.categorical
-    }
-    meta: dict[str, Any] = {"features": plan.features, "categorical": categorical,
-                            "task": plan.task}
-    X = prepare_features(frame, meta) if features is None else features
-    numeric = [c for c in plan.features if c not in categorical]
-    values = (X if not categorical else X[numeric]).to_numpy(dtype="float64")
+        columns = columns.rows(order)
+    meta: dict[str, Any] = {"features": plan.features, "categorical": {}, "task": plan.task}
+    numeric = plan.features
+    X = None
+    values = columns.matrix
+    if plan.categorical:
+        frame = columns.frame
+        meta["categorical"] = {
+            c: sorted(str(v) for v in frame[c].dropna().unique()) for c in plan.categorical
+        }
+        X = prepare_features(frame, meta).reset_index(drop=True)
+        numeric = [c for c in plan.features if c not in meta["categorical"]]
+        values = X[numeric].to_numpy(dtype="float64")
     gaps = np.isnan(values)
     has_gaps = bool(gaps.any())
     if has_gaps:
@@ -204,15 +249,17 @@ def prepare(
         low, high = values.min(axis=0, initial=np.inf), values.max(axis=0, initial=-np.inf)
         medians = np.median(values, axis=0) if n else np.zeros(len(numeric))
     varying = np.asarray(high > low)
-    if not varying.any() and not any(len(categorical[c]) > 1 for c in categorical):
+    if not varying.any() and not any(len(v) > 1 for v in meta["categorical"].values()):
         raise Skip("no usable feature: every feature is empty or constant in this segment")
     meta["fill"] = dict(zip(numeric, medians.tolist(), strict=True))
     # without categoricals, scikit-learn's input is this matrix with the gaps filled
     # (what sklearn_input would compute again from X)
-    matrix = None if categorical else (np.where(gaps, medians, values) if has_gaps else values)
-    raw = frame[plan.target]
+    matrix = None if plan.categorical else (
+        np.where(gaps, medians, values) if has_gaps else values
+    )
+    raw = columns.target
     if plan.task in CLASSIFICATION:
-        classes = sorted(raw.unique().tolist(), key=lambda v: (str(type(v)), v))
+        classes = sorted(pd.unique(raw).tolist(), key=lambda v: (str(type(v)), v))
         if len(classes) < 2:
             raise Skip(f"single class: every target value is {classes[0]!r}")
         if plan.task == "binary" and len(classes) > 2:
@@ -220,10 +267,10 @@ def prepare(
         y = pd.Categorical(raw, categories=classes).codes.astype("int64")
         meta["classes"] = [v.item() if hasattr(v, "item") else v for v in classes]
     else:
-        y = raw.to_numpy(dtype="float64")
+        y = np.asarray(raw, dtype="float64")
         if y.min() == y.max():
             raise Skip(f"constant target: every value is {y[0]!r}")
-    return Prepared(X, y, make_splits(n, plan, key), meta, n, matrix)
+    return Prepared(y, make_splits(n, plan, key), meta, n, values, X, matrix)
 
 
 def make_splits(n: int, plan: Plan, key: tuple) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -470,15 +517,16 @@ def finish(
 
 
 def train_segment(
-    frame: pd.DataFrame, key: tuple, plan: Plan, features: pd.DataFrame | None = None
+    data: pd.DataFrame | Columns, key: tuple, plan: Plan
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """Train one segment. Never raises: the result row says trained, skipped or failed."""
+    """Train one segment (its rows as a frame or as ``Columns``). Never raises: the
+    result row says trained, skipped or failed."""
     start = time.perf_counter()
     try:
-        prep = prepare(frame, plan, key, features)
+        prep = prepare(data, plan, key)
         evaluations = [evaluate(prep, c, plan, key) for c in plan.candidates]
         row, members = finish(prep, evaluations, plan, key)
     except Exception as exc:  # noqa: BLE001 - a bad segment never stops the job
-        row, members = result_for_error(exc, plan, key, len(frame)), []
+        row, members = result_for_error(exc, plan, key, len(data)), []
     row["fit_seconds"] = time.perf_counter() - start
     return row, members
