@@ -257,11 +257,14 @@ def test_packed_tasks_cover_every_segment_to_train_once_in_shrinking_runs():
     assert sorted(keys) == sorted(set().union(*todo))  # each once, none done
     sizes = [len(c.keys) for c in chunks]
     # guided sizes: the first run takes its share of everything, the last ones are small
-    assert max(sizes) == run_size(len(keys), cpus=2) > 2 * MIN_SEGMENTS_PER_TASK
+    assert max(sizes) == run_size(len(keys), len(keys), cpus=2) > 2 * MIN_SEGMENTS_PER_TASK
     assert min(sizes) <= MIN_SEGMENTS_PER_TASK
-    assert 4 <= len(chunks) < len(keys) / MIN_SEGMENTS_PER_TASK
+    assert 4 <= len(chunks) < len(keys) / MIN_SEGMENTS_PER_TASK + len(bounds)
     rows = [c.end - c.start for c in chunks]
     assert rows == sorted(rows, reverse=True)  # the largest are submitted first
+    # a job of few (slow) segments on many CPUs still gives every CPU work
+    few = [{(i,) for i in range(100)}]
+    assert len(make_chunks(few, [[((i,), 10) for i in range(100)]], cpus=16)) >= 16
     for chunk in chunks:  # the row range holds exactly the chunk's segments, in order
         offsets, at = {}, 0
         for key, rows in bounds[chunk.block]:

@@ -342,21 +342,24 @@ class Chunk:
 
 #: Guided chunk sizes: each run of segments takes 1/(GUIDED_SHARE x CPUs) of the segments
 #: not yet cut, so runs shrink as the job goes on. The first runs are large (a task's fixed
-#: cost, a few milliseconds, is paid rarely) and the last are small (no CPU idles long
-#: waiting for the last task).
+#: cost, a few milliseconds of the driver's, the raylets' and the worker's time, is paid
+#: rarely) and the last are small (no CPU idles long waiting for the last task).
 GUIDED_SHARE = 2
-MIN_SEGMENTS_PER_TASK = 32
+#: The smallest run, unless the job is too small to give every CPU work in runs this size.
+MIN_SEGMENTS_PER_TASK = 64
 
 
-def run_size(remaining: int, cpus: int) -> int:
-    """How many segments the next run of segments takes."""
-    return max(MIN_SEGMENTS_PER_TASK, -(-remaining // max(GUIDED_SHARE * cpus, 1)))
+def run_size(remaining: int, total: int, cpus: int) -> int:
+    """How many segments the next run takes, with ``remaining`` of ``total`` not yet cut."""
+    share = max(GUIDED_SHARE * cpus, 1)
+    smallest = min(MIN_SEGMENTS_PER_TASK, max(total // share, 1))
+    return max(smallest, -(-remaining // share))
 
 
 def make_chunks(todo: list[set], bounds: list[list[tuple[tuple, int]]], cpus: int) -> list[Chunk]:
     """Cut each block's segments to train into runs of ``run_size`` segments, in
     decreasing size (blocks are never merged), largest first."""
-    remaining = sum(len(keys) for keys in todo)
+    total = remaining = sum(len(keys) for keys in todo)
     chunks = []
 
     def cut(index: int, start: int, end: int, keys: list[tuple]) -> None:
@@ -371,7 +374,7 @@ def make_chunks(todo: list[set], bounds: list[list[tuple[tuple, int]]], cpus: in
                 start = start if keys else offset
                 end = offset + rows
                 keys.append(key)
-                if len(keys) >= run_size(remaining, cpus):
+                if len(keys) >= run_size(remaining, total, cpus):
                     cut(index, start, end, keys)
                     keys = []
             offset += rows
