@@ -497,8 +497,11 @@ def summarize(
             "every candidate failed: "
             + " | ".join(f"{e.candidate.name}: {e.error}" for e in evaluations)
         )
-    blend = sum(e.predictions * w for e, w in chosen)
-    row[f"metric_{plan.metric}"] = metrics.score(plan.metric, y_valid, blend)
+    if len(chosen) == 1:  # a single member (weight 1): the ensemble scores as it does
+        row[f"metric_{plan.metric}"] = chosen[0][0].value
+    else:
+        blend = sum(e.predictions * w for e, w in chosen)
+        row[f"metric_{plan.metric}"] = metrics.score(plan.metric, y_valid, blend)
     row["chosen"] = json.dumps([e.candidate.name for e, _ in chosen])
     row["weights"] = json.dumps([round(w, 6) for _, w in chosen])
     return chosen
