@@ -221,8 +221,10 @@ def segment_starts(table: pa.Table, segment_by: Sequence[str]) -> list[int]:
 def segment_bounds(block: pa.Table, segment_by: Sequence[str]) -> list[tuple[tuple, int, int]]:
     """(key, start, end) of every segment in a block sorted by the segment key."""
     starts = segment_starts(block, segment_by)
+    if not starts:  # no rows
+        return []
     ends = starts[1:] + [block.num_rows]
-    keys = block.select(list(segment_by)).take(starts).to_pylist() if starts else []
+    keys = block.select(list(segment_by)).take(starts).to_pylist()
     return [(tuple(k[c] for c in segment_by), s, e)
             for k, s, e in zip(keys, starts, ends, strict=True)]
 
@@ -232,23 +234,33 @@ def block_segments(block: pa.Table, segment_by: Sequence[str]) -> list[tuple[tup
     return [(key, end - start) for key, start, end in segment_bounds(block, segment_by)]
 
 
+def cut_into_blocks(
+    table: pa.Table, segment_by: Sequence[str], max_block_rows: int
+) -> tuple[list[pa.Table], list[list[tuple[tuple, int]]]]:
+    """Cut a key-sorted table into blocks of whole segments, at most ``max_block_rows``
+    rows each (a segment larger than that becomes a block of its own); also every
+    block's (key, rows) of its segments, found in the same pass."""
+    blocks: list[pa.Table] = []
+    segments: list[list[tuple[tuple, int]]] = []
+    block_start, current = 0, []
+    bounds = segment_bounds(table, segment_by)
+    for key, start, end in bounds:
+        if end - block_start > max_block_rows and start > block_start:
+            blocks.append(table.slice(block_start, start - block_start))
+            segments.append(current)
+            block_start, current = start, []
+        current.append((key, end - start))
+    if bounds:
+        blocks.append(table.slice(block_start, table.num_rows - block_start))
+        segments.append(current)
+    return blocks, segments
+
+
 def split_into_blocks(
     table: pa.Table, segment_by: Sequence[str], max_block_rows: int
 ) -> list[pa.Table]:
-    """Cut a key-sorted table into blocks of whole segments, at most ``max_block_rows``
-    rows each (a segment larger than that becomes a block of its own)."""
-    starts = segment_starts(table, segment_by)
-    if not starts:
-        return []
-    ends = starts[1:] + [table.num_rows]
-    blocks: list[pa.Table] = []
-    block_start = 0
-    for start, end in zip(starts, ends, strict=True):
-        if end - block_start > max_block_rows and start > block_start:
-            blocks.append(table.slice(block_start, start - block_start))
-            block_start = start
-    blocks.append(table.slice(block_start, table.num_rows - block_start))
-    return blocks
+    """The blocks of ``cut_into_blocks``."""
+    return cut_into_blocks(table, segment_by, max_block_rows)[0]
 
 
 def normalize_types(table: pa.Table) -> pa.Table:
@@ -292,9 +304,9 @@ def _read_chunk_blocks(chunk_ids: list[str], segment_by: list[str], max_block_ro
 def _blocks_then_segments(table: pa.Table, segment_by: list[str], max_block_rows: int):
     """A reader's outputs: its blocks, then its table's schema and every block's segments
     (so the engine knows what each block holds without reading it again)."""
-    blocks = split_into_blocks(table, segment_by, max_block_rows)
+    blocks, segments = cut_into_blocks(table, segment_by, max_block_rows)
     yield from blocks
-    yield table.schema, [block_segments(block, segment_by) for block in blocks]
+    yield table.schema, segments
 
 
 # --------------------------------------------------------------------------- transfer
@@ -391,8 +403,7 @@ def _blocks_via_arrow(df, segment_by, max_block_rows):
     import ray
 
     table = sort_by_segment(normalize_types(df.toArrow()), segment_by)
-    blocks = split_into_blocks(table, segment_by, max_block_rows)
-    segments = [block_segments(b, segment_by) for b in blocks]
+    blocks, segments = cut_into_blocks(table, segment_by, max_block_rows)
     return [ray.put(b) for b in blocks], table.schema.remove_metadata(), segments
 
 
