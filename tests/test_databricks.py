@@ -54,12 +54,19 @@ class Request:
         return json.loads(self.body)
 
 
+def endpoint(path: str) -> str:
+    """A REST path without its API version: ``/api/2.1/jobs/get`` -> ``/api/jobs/get``."""
+    return re.sub(r"^/api/\d+\.\d+/", "/api/", path)
+
+
 @dataclass
 class FakeWorkspace:
     """Routes ``(method, path)`` to scripted replies ``(status, body[, headers])``.
 
     Replies are used in order; the last one repeats. A reply may be a function of the
-    request. Every request is recorded; a wrong bearer token gets 401.
+    request. Every request is recorded; a wrong bearer token gets 401. As the workspace
+    does, an endpoint answers under each API version (SDK releases differ: 0.20 calls
+    ``/api/2.0/clusters/get``, newer ones ``/api/2.1/...``; jobs 2.1 and 2.2).
     """
 
     url: str = ""
@@ -68,10 +75,11 @@ class FakeWorkspace:
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def on(self, method: str, path: str, *replies) -> None:
-        self.routes[(method, path)] = list(replies)
+        self.routes[(method, endpoint(path))] = list(replies)
 
     def calls(self, method: str, path: str) -> list[Request]:
-        return [r for r in self.requests if (r.method, r.path) == (method, path)]
+        return [r for r in self.requests
+                if (r.method, endpoint(r.path)) == (method, endpoint(path))]
 
     def api_calls(self) -> list[Request]:
         return [r for r in self.requests if r.path.startswith("/api/")]
@@ -83,7 +91,7 @@ class FakeWorkspace:
             self.requests.append(request)
             if request.headers.get("Authorization") != f"Bearer {TOKEN}":
                 return 401, {"error_code": "UNAUTHENTICATED", "message": "Invalid access token."}
-            replies = self.routes.get((request.method, request.path))
+            replies = self.routes.get((request.method, endpoint(request.path)))
             if not replies:
                 return 404, {"error_code": "ENDPOINT_NOT_FOUND",
                              "message": f"no route {request.method} {request.path}"}

@@ -13,25 +13,16 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import (
-    BaseModel,
-    ByteSize,
-    ConfigDict,
-    Field,
-    PositiveInt,
-    ValidationError,
-    field_validator,
-    model_validator,
+from pydantic import ByteSize, Field, PositiveInt, ValidationError
+
+from raybricks.compat import (
+    StrictModel,
+    after_validator,
+    before_validator,
+    non_empty,
+    validation_problems,
 )
-
 from raybricks.errors import ConfigError
-
-
-class StrictModel(BaseModel):
-    """A config section: unknown keys are rejected, values are validated on assignment."""
-
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
-
 
 ClusterMode = Literal["auto", "spark", "address", "local"]
 
@@ -64,7 +55,7 @@ class ClusterConfig(StrictModel):
     log_dir: str | None = None
     forward_env: list[str] = Field(default_factory=list)
 
-    @model_validator(mode="after")
+    @after_validator
     def _check_consistency(self) -> ClusterConfig:
         if (
             self.min_worker_nodes is not None
@@ -110,7 +101,7 @@ class SourceConfig(StrictModel):
     format: Literal["parquet", "csv", "delta"] = "parquet"
     where: str | None = None
 
-    @model_validator(mode="after")
+    @after_validator
     def _one_location(self) -> SourceConfig:
         if bool(self.table) == bool(self.path):
             raise ValueError("source needs exactly one of source.table or source.path")
@@ -134,7 +125,7 @@ class RangeSpace(StrictModel):
     log: bool = False
     int: bool = False
 
-    @model_validator(mode="after")
+    @after_validator
     def _ordered(self) -> RangeSpace:
         if not self.low < self.high:
             raise ValueError(f"search range low={self.low} must be below high={self.high}")
@@ -168,7 +159,7 @@ class CandidateConfig(StrictModel):
     function: str | None = None
     resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
 
-    @model_validator(mode="after")
+    @after_validator
     def _check(self) -> CandidateConfig:
         if self.kind not in MODEL_KINDS:
             raise ValueError(
@@ -235,13 +226,13 @@ class JobConfig(StrictModel):
     """A whole training job. See the README's config reference for every key."""
 
     source: SourceConfig
-    segment_by: list[str] = Field(min_length=1)
+    segment_by: list[str] = non_empty()
     target: str
     features: list[str] | None = None
     time_column: str | None = None
     task: Task = "regression"
     validation: ValidationConfig = Field(default_factory=ValidationConfig)
-    models: list[CandidateConfig] = Field(min_length=1)
+    models: list[CandidateConfig] = non_empty()
     ensemble: EnsembleConfig = Field(default_factory=EnsembleConfig)
     refit: bool = True
     min_rows: int = 30
@@ -253,12 +244,11 @@ class JobConfig(StrictModel):
     registry: RegistryConfig = Field(default_factory=RegistryConfig)
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
 
-    @field_validator("ensemble", mode="before")
-    @classmethod
+    @before_validator("ensemble")
     def _ensemble_shorthand(cls, value: object) -> object:
         return {"method": value} if isinstance(value, str) else value
 
-    @model_validator(mode="after")
+    @after_validator
     def _check(self) -> JobConfig:
         if self.min_rows < 2:
             raise ValueError(f"min_rows={self.min_rows} must be at least 2")
@@ -322,7 +312,7 @@ class JobConfig(StrictModel):
         try:
             return cls.model_validate(data)
         except ValidationError as exc:
-            raise ConfigError(format_validation_error(exc)) from None
+            raise ConfigError(format_validation_error(exc, data)) from None
 
 
 def apply_overrides(data: dict, overrides: list[str]) -> dict:
@@ -342,15 +332,10 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
     return data
 
 
-def format_validation_error(exc: ValidationError) -> str:
+def format_validation_error(exc: ValidationError, data: object = None) -> str:
     """One line per problem: the key path, what is wrong, and the bad value."""
     lines = ["invalid job config:"]
-    for error in exc.errors():
-        path = ".".join(str(p) for p in error["loc"]) or "(top level)"
-        message = error["msg"].removeprefix("Value error, ")
-        if error["type"] == "extra_forbidden":
-            message = "unknown key (check the spelling; see the config reference)"
-        value = error.get("input")
-        shown = "" if error["type"] == "missing" or isinstance(value, dict) else f" (got {value!r})"
-        lines.append(f"  {path}: {message}{shown}")
+    for path, message, value in validation_problems(exc, data):
+        shown = "" if value is None or isinstance(value, dict) else f" (got {value!r})"
+        lines.append(f"  {path or '(top level)'}: {message}{shown}")
     return "\n".join(lines)

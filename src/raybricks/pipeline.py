@@ -15,6 +15,7 @@ import time
 from typing import TYPE_CHECKING
 
 from raybricks.cluster import ray_cluster, spark_session
+from raybricks.compat import arrow_schema
 from raybricks.config import JobConfig, SourceConfig
 from raybricks.data import count_segments, resolve_source, select_and_filter, to_ray_dataset
 from raybricks.errors import DataError, RaybricksError
@@ -93,8 +94,6 @@ def train(
 ) -> TrainingResult:
     """Train every segment of the configured source, then (``register``) log one MLflow
     run and register the model; ``result.publication`` says what the registry did."""
-    from pyspark.sql.pandas.types import to_arrow_schema
-
     from raybricks import registry
 
     timings: dict[str, float] = {}
@@ -112,7 +111,7 @@ def train(
         read_source(config.source, spark), config.segment_by, columns, config.source.where
     )
     # column and type errors, before Ray
-    make_plan(config, to_arrow_schema(df.schema, timezone="UTC"))
+    make_plan(config, arrow_schema(df.schema))
     check_target(df, config.target, config.source.where)
     timings["checks"] = time.perf_counter() - start
     with ray_cluster(config.cluster, spark):

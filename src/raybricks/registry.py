@@ -24,6 +24,7 @@ import numpy as np
 import pandas as pd
 
 from raybricks import segmented_model
+from raybricks.compat import log_model_location, log_run_metrics, model_version_source
 from raybricks.config import JobConfig
 from raybricks.databricks import in_databricks_runtime
 from raybricks.errors import ConfigError, RaybricksError
@@ -286,7 +287,7 @@ def log_segmented_model(packaged: Packaged, example: pd.DataFrame | None, name: 
     if example is None or example.empty:
         raise RegistryError("no input example: the training result has no rows to show")
     return mlflow.pyfunc.log_model(
-        name=name,
+        **log_model_location(name),
         python_model=segmented_model.__file__,
         artifacts={"segments": str(packaged.directory)},
         signature=signature_for(store, example),
@@ -366,12 +367,11 @@ def register(model_uri: str, name: str, run_id: str, tags: dict[str, str], role:
             log.info("run %s is already registered as %s version %s", run_id, name,
                      existing.version)
             return existing
-    model_id = model_uri.removeprefix("models:/") if model_uri.startswith("models:/m-") else None
     version = None
     try:
         version = client.create_model_version(
             name, model_uri, run_id=run_id, tags=tags | {"raybricks.role": role},
-            model_id=model_id,
+            **model_version_source(model_uri),
         )
         if version.status != "READY":
             raise RegistryError(f"version {version.version} of {name} is {version.status}")
@@ -436,13 +436,13 @@ def publish(result: TrainingResult, config: JobConfig) -> Publication:
         mlflow.log_params(flatten(config.model_dump(mode="json")))
         mlflow.log_dict(config.model_dump(mode="json"), "config.json")
         metrics = aggregate_metrics(result, [c.name for c in config.models])
-        mlflow.log_metrics(metrics)
+        log_run_metrics(metrics)
         log_tables(result)
         log_plots(result)
         packaged = package_result(result, Path(tmp) / "challenger" / "segments", "challenger")
         info = log_segmented_model(packaged, result.example, MODEL_NAME)
         mlflow.set_tag("raybricks.model_uri", info.model_uri)
-        mlflow.log_metrics({"model_size_bytes": float(packaged.size_bytes),
+        log_run_metrics({"model_size_bytes": float(packaged.size_bytes),
                             "model_segments": float(packaged.with_model)})
         if result.counts()[TRAINED] == 0:
             log.warning("no segment trained: nothing registered")
@@ -454,7 +454,7 @@ def publish(result: TrainingResult, config: JobConfig) -> Publication:
             config, info.model_uri, run.info.run_id, tags, packaged, Path(tmp), result.example
         )
         record_decision(decision)
-        mlflow.log_metric("seconds_registry", time.perf_counter() - start)
+        log_run_metrics({"seconds_registry": time.perf_counter() - start})
         return Publication(run.info.run_id, experiment, info.model_uri, name,
                            str(version.version), _alias_version(name, alias), decision)
 
@@ -502,7 +502,6 @@ def promote(config: JobConfig, version, packaged: Packaged, workdir: Path, run_i
             ) -> dict[str, Any]:
     """Apply ``registry.promote``: the decision, its numbers and the champion-to-be
     (``merge`` registers the merged version here; the caller moves the aliases)."""
-    import mlflow
 
     name, alias, rule = config.registry.name, config.registry.alias, config.registry.promote
     current = version_for_alias(name, alias)
@@ -517,9 +516,9 @@ def promote(config: JobConfig, version, packaged: Packaged, workdir: Path, run_i
     champion_dir = download_segments(name, previous, workdir / "champion")
     comparison = compare(packaged.directory, champion_dir)
     decision["comparison"] = comparison.as_dict()
-    mlflow.log_metrics({"promotion_common_segments": comparison.common,
-                        "promotion_challenger_mean": comparison.challenger,
-                        "promotion_champion_mean": comparison.champion})
+    log_run_metrics({"promotion_common_segments": comparison.common,
+                     "promotion_challenger_mean": comparison.challenger,
+                     "promotion_champion_mean": comparison.champion})
     if rule == "if_better":
         if comparison.not_worse:
             return decision | {"decision": "promoted", "reason": "not worse on common segments",

@@ -40,6 +40,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from raybricks.compat import thread_limiter
 from raybricks.config import JobConfig
 from raybricks.data import SegmentedDataset, segment_bounds
 from raybricks.errors import ConfigError
@@ -244,14 +245,12 @@ def limit_threads(plan: Plan) -> contextlib.AbstractContextManager:
     libraries (a few milliseconds) is made once per worker and candidate set."""
     warm_up(plan)
     candidates = tuple((c.kind, c.estimator, c.function) for c in plan.candidates)
-    return _thread_controller(candidates, bool(plan.categorical)).limit(limits=plan.threads)
+    return _thread_limiter(candidates, bool(plan.categorical))(plan.threads)
 
 
 @functools.cache
-def _thread_controller(candidates: tuple, categorical: bool):
-    from threadpoolctl import ThreadpoolController
-
-    return ThreadpoolController()
+def _thread_limiter(candidates: tuple, categorical: bool):
+    return thread_limiter()
 
 
 class TimeoutBoard:

@@ -30,6 +30,13 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
+from raybricks.compat import (
+    boosting_trainer,
+    lightgbm_network_params,
+    train_scaling,
+    tune_report,
+    tune_run_config,
+)
 from raybricks.config import CandidateConfig, JobConfig
 from raybricks.segmented_model import MemberModel, prepare_features
 from raybricks.training import metrics
@@ -148,11 +155,10 @@ def _xgboost_worker(config: dict) -> None:
 def _lightgbm_worker(config: dict) -> None:
     """Ray Train worker loop: LightGBM on this worker's shard of the training rows."""
     import lightgbm as lgb
-    from ray.train.lightgbm import get_network_params
 
     frame = worker_shard(config)
     features = prepare_features(frame, config["meta"])
-    params = config["params"] | get_network_params()
+    params = config["params"] | lightgbm_network_params()
     dtrain = lgb.Dataset(features, label=frame[LABEL], free_raw_data=False)
     booster = lgb.train(params, dtrain, num_boost_round=config["rounds"])
     report_model(booster.model_to_string().encode())
@@ -169,22 +175,15 @@ def fit_data_parallel(
     params, rounds = native_params(candidate, plan.task, len(meta.get("classes") or []))
     params["seed"] = seg.stable_seed(plan.seed, candidate.name, "large")
     loop_config = {"params": params, "rounds": rounds, "meta": meta, "tables": tables}
-    scaling = ray.train.ScalingConfig(
+    scaling = train_scaling(
         num_workers=config.training.large_segment_workers,
         resources_per_worker={"CPU": candidate.resources.num_cpus},
     )
     run = ray.train.RunConfig(storage_path=str(storage.resolve()),
                               name=f"{candidate.name}-{uuid.uuid4().hex[:8]}")
-    if candidate.kind == "xgboost":
-        from ray.train.xgboost import XGBoostTrainer as Trainer
-
-        worker = _xgboost_worker
-    else:
-        from ray.train.lightgbm import LightGBMTrainer as Trainer
-
-        worker = _lightgbm_worker
-    trainer = Trainer(worker, train_loop_config=loop_config, scaling_config=scaling,
-                      run_config=run)
+    worker = _xgboost_worker if candidate.kind == "xgboost" else _lightgbm_worker
+    trainer = boosting_trainer(candidate.kind)(
+        worker, train_loop_config=loop_config, scaling_config=scaling, run_config=run)
     with trainer.fit().checkpoint.as_directory() as directory:
         return (Path(directory) / MODEL_FILE).read_bytes()
 
@@ -199,8 +198,6 @@ def _tune_trial(config: dict, candidate: CandidateConfig, task: str, meta: dict,
                 train_rows: pa.Table, valid_rows: pa.Table) -> None:
     """Ray Tune trial: fit one setting on the training rows, reporting the validation loss
     after every boosting round (so ASHA can stop it early)."""
-    from ray import tune
-
     train, valid = train_rows.to_pandas(), valid_rows.to_pandas()
     setting = seg.replace_search(candidate, config["setting"])
     params, rounds = native_params(setting, task, len(meta.get("classes") or []))
@@ -211,7 +208,7 @@ def _tune_trial(config: dict, candidate: CandidateConfig, task: str, meta: dict,
 
         class Report(xgb.callback.TrainingCallback):
             def after_iteration(self, model, epoch, evals_log) -> bool:
-                tune.report({"loss": float(evals_log["valid"][metric][-1])})
+                tune_report({"loss": float(evals_log["valid"][metric][-1])})
                 return False
 
         xgb.train(params | {"eval_metric": metric, "nthread": 1},
@@ -223,7 +220,7 @@ def _tune_trial(config: dict, candidate: CandidateConfig, task: str, meta: dict,
         import lightgbm as lgb
 
         def report(env) -> None:
-            tune.report({"loss": float(env.evaluation_result_list[0][2])})
+            tune_report({"loss": float(env.evaluation_result_list[0][2])})
 
         dtrain = lgb.Dataset(x_train, label=train[LABEL])
         lgb.train(params | {"metric": metric, "num_threads": 1}, dtrain,
@@ -254,7 +251,7 @@ def tune_candidate(candidate: CandidateConfig, train_ref, valid_ref, meta: dict,
         trainable,
         param_space={"setting": tune.grid_search(settings)},
         tune_config=tune.TuneConfig(metric="loss", mode="min", scheduler=scheduler),
-        run_config=tune.RunConfig(storage_path=str(storage.resolve()), verbose=0,
+        run_config=tune_run_config(storage_path=str(storage.resolve()), verbose=0,
                                   name=f"tune-{candidate.name}-{uuid.uuid4().hex[:8]}"),
     )
     best = tuner.fit().get_best_result(metric="loss", mode="min", scope="last")
