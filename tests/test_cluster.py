@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -13,6 +15,7 @@ import pytest
 
 from raybricks.cluster import (
     SparkCapacity,
+    _check_executor_environment,
     disable_ray_token_auth,
     forwarded_env,
     ray_cluster,
@@ -91,6 +94,41 @@ def test_auto_mode_runs_on_the_ray_this_process_is_connected_to(ray_on_spark):
     assert ray.is_initialized()  # connected before, still connected: not ours to stop
     with pytest.raises(ClusterError, match="not cluster.address"):
         start_ray(ClusterConfig(mode="address", address="10.0.0.1:6379"))
+
+
+def test_executor_python_without_ray_is_refused_naming_the_fix(spark, tmp_path, monkeypatch):
+    # a real executor Python without Ray: a fresh venv of this interpreter, nothing in it
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "bare")],
+                   check=True)
+    bare = str(tmp_path / "bare" / "bin" / "python")
+    monkeypatch.setattr(spark.sparkContext, "pythonExec", bare)  # the executors' Python
+    with pytest.raises(SetupError) as caught:
+        _check_executor_environment(spark)
+    message = str(caught.value)
+    assert f"executors run {bare}, which cannot import ray.util.spark.start_ray_node" in message
+    assert "No module named 'ray'" in message
+    assert "install raybricks" in message and "PYSPARK_PYTHON" in message
+
+
+def test_executor_ray_of_another_version_than_the_driver_is_refused(spark, monkeypatch):
+    import ray
+
+    executors = ray.__version__  # the probe runs in a Spark worker, with its own Ray
+    monkeypatch.setattr(ray, "__version__", "2.0.0")
+    with pytest.raises(SetupError, match=rf"executors run Ray {re.escape(executors)} .* "
+                                         r"driver runs Ray 2\.0\.0.*ray==2\.0\.0"):
+        _check_executor_environment(spark)
+    monkeypatch.undo()
+    _check_executor_environment(spark)  # the same Ray everywhere: no error
+
+
+def test_executor_without_ray_command_on_path_is_refused(spark, monkeypatch):
+    bare_path = "/usr/bin:/bin"
+    if shutil.which("ray", path=bare_path):
+        pytest.skip("a system-wide `ray` command")
+    monkeypatch.setitem(spark.sparkContext.environment, "PATH", bare_path)
+    with pytest.raises(SetupError, match=r"no `ray` command on their PATH.*executorEnv.PATH"):
+        _check_executor_environment(spark)
 
 
 def test_spark_capacity_of_local_mode(spark):

@@ -6,6 +6,8 @@ import json
 import subprocess
 import sys
 import warnings
+from importlib.metadata import version
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -15,7 +17,7 @@ import pytest
 from raybricks import packaging, registry
 from raybricks.data import to_ray_dataset
 from raybricks.errors import ConfigError
-from raybricks.segmented_model import SegmentModel, SegmentStore
+from raybricks.segmented_model import SegmentModel, SegmentStore, library_version_problem
 from raybricks.training import train_segments
 from tests import helpers
 from tests.test_training import CANDIDATES, job
@@ -368,3 +370,73 @@ def test_tracking_defaults_local_sqlite_databricks_and_env(monkeypatch, tmp_path
     finally:
         mlflow.set_tracking_uri(before[0])
         mlflow.set_registry_uri(before[1])
+
+
+def copy_with_library_version(uri: str, directory, library: str, version: str):
+    """A local copy of a logged model whose manifest says ``library`` was ``version``
+    (as if trained elsewhere); returns the model directory."""
+    import mlflow
+
+    local = Path(mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=str(directory)))
+    manifest_path = local / "artifacts" / "segments" / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    manifest["libraries"][library] = version
+    manifest_path.write_text(json.dumps(manifest))
+    return local
+
+
+def version_warnings(caught) -> list[warnings.WarningMessage]:
+    return [w for w in caught if w.category.__name__ == "LibraryVersionWarning"]
+
+
+def test_model_library_of_another_version_warns_once_per_load(shops_publication, tmp_path):
+    import mlflow
+
+    uri = "models:/tests.shops.model@champion"
+    frame = helpers.shops()  # every segment, and the fallback's
+    local = Path(mlflow.artifacts.download_artifacts(artifact_uri=uri,
+                                                     dst_path=str(tmp_path / "same")))
+    manifest = json.loads((local / "artifacts" / "segments" / "manifest.json").read_text())
+    # only the libraries the members use, at the versions they were trained with
+    assert manifest["libraries"] == {"scikit-learn": version("scikit-learn"),
+                                     "xgboost": version("xgboost")}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        mlflow.pyfunc.load_model(uri).predict(frame)
+    assert version_warnings(caught) == []
+    other = copy_with_library_version(uri, tmp_path / "other", "scikit-learn", "1.0.2")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")  # a repeat would show
+        model = mlflow.pyfunc.load_model(str(other))
+        for _ in range(3):
+            model.predict(frame)
+    [found] = version_warnings(caught)
+    assert issubclass(found.category, UserWarning)
+    message = str(found.message)
+    assert f"scikit-learn 1.0.2 (installed here: {version('scikit-learn')})" in message
+    assert "xgboost" not in message  # trained with the installed version
+    assert "mlflow.pyfunc.get_model_dependencies(" in message
+
+
+def test_merged_model_keeps_the_library_versions_of_both_models(shops_result, tmp_path):
+    import pyarrow as pa
+
+    challenger = packaging.package_result(shops_result, tmp_path / "new", "new").directory
+    champion = packaging.package_result(shops_result, tmp_path / "old", "old").directory
+    manifest = json.loads((champion / "manifest.json").read_text())
+    manifest["libraries"]["scikit-learn"] = "1.0.2"  # the champion trained elsewhere
+    (champion / "manifest.json").write_text(json.dumps(manifest))
+    installed = {"scikit-learn": version("scikit-learn"), "xgboost": version("xgboost")}
+    ties = packaging.merge_segments(challenger, champion, tmp_path / "ties", ("new", "old"))
+    assert ties.manifest["libraries"] == installed  # every segment from the challenger
+    index = pq.read_table(champion / "index.parquet")
+    metric = index.schema.get_field_index("metric")
+    pq.write_table(index.set_column(metric, "metric", pa.array([0.0] * index.num_rows)),
+                   champion / "index.parquet")  # the champion now wins every segment
+    merged = packaging.merge_segments(challenger, champion, tmp_path / "merged",
+                                      ("new", "old")).manifest
+    both = sorted(["1.0.2", installed["scikit-learn"]])
+    assert merged["libraries"] == installed | {"scikit-learn": both}
+    problem = library_version_problem(merged, "models:/m/1")
+    assert f"scikit-learn {' and '.join(both)} (installed here: " in problem
+    assert "get_model_dependencies('models:/m/1')" in problem

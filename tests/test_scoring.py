@@ -2,6 +2,14 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+import warnings
+from importlib.metadata import version
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -90,3 +98,54 @@ def test_score_command_writes_the_output(spark, champion, tmp_path, capsys):
     code = cli.main(["score", "--model", "models:/tests.absent@champion", "--input",
                      str(source), "--output", str(tmp_path / "x.parquet")])
     assert code == 2
+
+
+def pickled_by_sklearn(segments: Path, fake: str, monkeypatch) -> None:
+    """Make a model directory as if trained with scikit-learn ``fake``: its members pickled
+    by that version (sklearn warns when it unpickles them) and its manifest saying so."""
+    import pickle
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import sklearn.base
+
+    monkeypatch.setattr(sklearn.base, "__version__", fake)  # what pickles record
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the fake version also warns here
+        for path in [*segments.glob("models-*.parquet"), segments / "fallback.parquet"]:
+            table = pq.read_table(path)
+            payloads = [pickle.dumps(pickle.loads(data)) if kind == "sklearn" else data
+                        for kind, data in zip(table.column("kind").to_pylist(),
+                                              table.column("payload").to_pylist(),
+                                              strict=True)]
+            column = table.schema.get_field_index("payload")
+            pq.write_table(table.set_column(column, "payload", pa.array(payloads, pa.binary())),
+                           path)
+    monkeypatch.undo()
+    manifest = json.loads((segments / "manifest.json").read_text())
+    manifest["libraries"]["scikit-learn"] = fake
+    (segments / "manifest.json").write_text(json.dumps(manifest))
+
+
+def test_score_reports_other_library_versions_once_on_the_driver(
+        champion, tmp_path, monkeypatch):
+    import mlflow
+
+    uri, _ = champion
+    model = mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=str(tmp_path / "m"))
+    pickled_by_sklearn(Path(model) / "artifacts" / "segments", "1.0.2", monkeypatch)
+    scoring_input().to_parquet(tmp_path / "input.parquet")
+    # a fresh process: its own Spark, whose tasks' stderr is this one's to read
+    done = subprocess.run(
+        [sys.executable, "-m", "raybricks.cli", "score", "--model", model,
+         "--input", str(tmp_path / "input.parquet"), "--output", str(tmp_path / "out.parquet")],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(Path(scoring.__file__).parents[1])},  # this one
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    [line] = [s for s in done.stderr.splitlines() if "segmented model was trained with" in s]
+    assert f"scikit-learn 1.0.2 (installed here: {version('scikit-learn')})" in line
+    assert "xgboost" not in line  # trained with the installed version
+    assert f"mlflow.pyfunc.get_model_dependencies({model!r})" in line
+    assert "Trying to unpickle estimator" not in done.stderr  # the tasks stayed quiet
+    assert len(pd.read_parquet(tmp_path / "out.parquet")) == len(scoring_input())

@@ -14,7 +14,7 @@ import re
 import shutil
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -38,6 +38,8 @@ FORWARDED_ENV_NAMES = (
     "DATABRICKS_CLIENT_SECRET",
     "DATABRICKS_CONFIG_PROFILE",
 )
+#: The module Ray on Spark runs, with the executor's Python, to start a Ray node.
+START_RAY_NODE = "ray.util.spark.start_ray_node"
 #: Share of /dev/shm that Ray's object store may take on one machine.
 SHM_SHARE = 0.8
 
@@ -350,25 +352,64 @@ def _start_on_spark(
     return RayCluster("spark", head_address, args)
 
 
-def _probe_executor(_: Any) -> list[tuple[str, str | None]]:
-    import shutil as _shutil
-    import sys as _sys
+def _executor_probe() -> Callable[[Iterable[Any]], list[dict[str, str | None]]]:
+    """What Ray on Spark needs on an executor, as a local function: cloudpickle ships it
+    by value, so it runs in any executor Python, also one without raybricks."""
 
-    return [(_sys.executable, _shutil.which("ray"))]
+    def probe(_: Iterable[Any]) -> list[dict[str, str | None]]:
+        import importlib.util
+        import shutil
+        import sys
+
+        found: dict[str, str | None] = {"python": sys.executable, "error": None}
+        try:  # imports ray and ray.util.spark with it
+            if importlib.util.find_spec(START_RAY_NODE) is None:
+                found["error"] = f"no module {START_RAY_NODE}"
+        except Exception as exc:  # noqa: BLE001 - ray missing or broken: report either
+            found["error"] = f"{type(exc).__name__}: {exc}"
+        found["ray"] = getattr(sys.modules.get("ray"), "__version__", None)
+        found["ray_cli"] = shutil.which("ray")
+        return [found]
+
+    return probe
+
+
+def executor_problem(found: dict[str, str | None], driver_ray: str) -> str | None:
+    """What keeps Ray on Spark from starting worker nodes on an executor, or None.
+
+    Ray on Spark runs ``<executor python> -m ray.util.spark.start_ray_node``, which runs
+    ``<executor python> $(which ray) start``: both and the driver's Ray version are needed.
+    """
+    python = found["python"]
+    fix = (f"install raybricks (or ray=={driver_ray}) in the executors' Python environment, "
+           "or set PYSPARK_PYTHON (spark.pyspark.python) to the driver's environment before "
+           "Spark starts (raybricks.session.local_spark_session() does this)")
+    if found["error"]:
+        return (f"Spark executors run {python}, which cannot import {START_RAY_NODE} "
+                f"({found['error']}); Ray on Spark starts its worker nodes with "
+                f"`{python} -m {START_RAY_NODE}`: {fix}")
+    if found["ray"] != driver_ray:
+        return (f"Spark executors run Ray {found['ray']} ({python}) but the driver runs Ray "
+                f"{driver_ray}; Ray nodes of other versions cannot join the driver's Ray: "
+                f"{fix}")
+    if found["ray_cli"] is None:
+        return (f"Spark executors find no `ray` command on their PATH; Ray on Spark's "
+                f"{START_RAY_NODE} runs `{python} $(which ray) start`: put the bin directory "
+                "of the executors' Python environment on their PATH (spark.executorEnv.PATH) "
+                "before Spark starts (raybricks.session.local_spark_session() does this)")
+    return None
 
 
 def _check_executor_environment(spark: SparkSession) -> None:
-    """Fail fast, before the slow start-up, when executors cannot run the ``ray`` CLI."""
-    executable, ray_cli = spark.sparkContext.parallelize([0], 1).mapPartitions(
-        _probe_executor
+    """Fail fast, before the slow start-up, when executors cannot run Ray worker nodes."""
+    import ray
+
+    found = spark.sparkContext.parallelize([0], 1).mapPartitions(
+        _executor_probe()
     ).collect()[0]
-    if ray_cli is None:
-        raise SetupError(
-            f"Spark executors run {executable} but cannot find the `ray` command on their "
-            "PATH: install raybricks (with Ray) in the executors' Python environment, or "
-            "set PYSPARK_PYTHON and PATH (spark.executorEnv.PATH) to the venv before Spark "
-            "starts (raybricks.session.local_spark_session() does this)"
-        )
+    problem = executor_problem(found, ray.__version__)
+    if problem:
+        raise SetupError(problem)
 
 
 def stop_ray(cluster: RayCluster | None) -> None:

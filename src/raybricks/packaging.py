@@ -3,8 +3,9 @@
 One directory holds every segment's model (see ``raybricks.segmented_model.SegmentStore``):
 members in each library's native bytes, in a few Parquet shards whose row groups never
 split a segment, an index of every segment with its status and metric, the global
-fallback model and a manifest. ``merge_segments`` builds the directory of a model that
-takes, per segment, the better of two.
+fallback model and a manifest (also the versions of the model libraries the members were
+trained with). ``merge_segments`` builds the directory of a model that takes, per segment,
+the better of two.
 """
 
 from __future__ import annotations
@@ -24,10 +25,13 @@ from raybricks.segmented_model import (
     CLASSIFICATION,
     FALLBACK,
     INDEX,
+    LIBRARIES,
     MANIFEST,
     SHARDS,
+    installed_version,
     key_tuples,
     shard_name,
+    trained_versions,
 )
 from raybricks.training.engine import TrainingResult, read_parts, rows_to_table
 from raybricks.training.metrics import greater_is_better
@@ -101,12 +105,40 @@ def _classes(models: pa.Table, fallback: pa.Table | None) -> list:
     return sorted(found, key=lambda v: (str(type(v)), v))
 
 
+def library_versions(tables: list[pa.Table | None], recorded: dict[str, Any] | None = None
+                     ) -> dict[str, str | list[str]]:
+    """Per library the members of ``tables`` are stored with, the version(s) they were
+    trained with: as ``recorded`` (a merge keeps both models'), else the one installed
+    here, the driver's, which is also what the model's requirements pin."""
+    kinds = set()
+    for table in tables:
+        if table is not None and table.num_rows and "kind" in table.column_names:
+            kinds |= set(pc.unique(table.column("kind")).to_pylist())
+    versions = {}
+    for library in sorted({LIBRARIES[k] for k in kinds if k in LIBRARIES}):
+        version = (recorded or {}).get(library) or installed_version(library)
+        if version:
+            versions[library] = version
+    return versions
+
+
+def _merged_libraries(*records: dict[str, Any] | None) -> dict[str, str | list[str]]:
+    """The merged models' library versions: one per library, or all where they differ."""
+    found: dict[str, set[str]] = {}
+    for record in records:
+        for library, recorded in (record or {}).items():
+            found.setdefault(library, set()).update(trained_versions(recorded))
+    return {library: versions.pop() if len(versions) == 1 else sorted(versions)
+            for library, versions in found.items()}
+
+
 def write_segments(
     directory: Path, manifest: dict[str, Any], index: pa.Table, models: pa.Table,
     fallback: pa.Table | None,
 ) -> Packaged:
     """Write members sorted by segment into shards and row groups that keep each segment
-    whole, then the index (with each segment's shard and row group) and the manifest."""
+    whole, then the index (with each segment's shard and row group) and the manifest
+    (with the versions of the libraries the members use)."""
     segment_by = manifest["segment_by"]
     if directory.exists():
         shutil.rmtree(directory)
@@ -125,7 +157,10 @@ def write_segments(
     pq.write_table(index, directory / INDEX)
     if fallback is not None and fallback.num_rows:
         pq.write_table(fallback, directory / FALLBACK)
-    manifest = manifest | {"has_fallback": fallback is not None and fallback.num_rows > 0}
+    manifest = manifest | {
+        "has_fallback": fallback is not None and fallback.num_rows > 0,
+        "libraries": library_versions([models, fallback], manifest.get("libraries")),
+    }
     (directory / MANIFEST).write_text(json.dumps(manifest, indent=2, default=str))
     with_model = sum(1 for w in where if w[0] >= 0)
     return Packaged(directory, manifest, index.num_rows, with_model)
@@ -244,7 +279,10 @@ def merge_segments(
     classes = set(manifest.get("classes") or []) | set(old_manifest.get("classes") or [])
     manifest = manifest | {"classes": sorted(classes, key=lambda v: (str(type(v)), v))
                            if manifest.get("classes") is not None else None,
-                           "merged_from": list(labels)}
+                           "merged_from": list(labels),
+                           "libraries": _merged_libraries(
+                               manifest.get("libraries"),
+                               old_manifest.get("libraries") if from_old else None)}
     return write_segments(directory, manifest, index, members, fallback)
 
 

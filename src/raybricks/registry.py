@@ -40,8 +40,7 @@ MODEL_NAME = "segmented_model"
 MERGED_MODEL_NAME = "merged_model"
 PARAM_VALUE_LIMIT = 6000
 LOG_TABLE_ROWS = 10_000  # above this the UI table would be slow; the Parquet has it all
-MODEL_LIBRARIES = {"lightgbm": "lightgbm", "xgboost": "xgboost", "sklearn": "scikit-learn",
-                   "function": "scikit-learn"}
+MODEL_LIBRARIES = segmented_model.LIBRARIES  # candidate kind -> the library it needs
 
 
 class RegistryError(RaybricksError):
@@ -243,11 +242,15 @@ def log_plots(result: TrainingResult) -> None:
 
 
 def model_requirements(kinds: set[str]) -> list[str]:
-    """Exactly what the pyfunc imports, at the versions it was trained with."""
-    names = ["mlflow", "numpy", "pandas", "pyarrow"] + sorted(
+    """Exactly what the pyfunc imports, at the versions it was trained with. (MLflow's
+    version is the module's: a Databricks cluster has only the mlflow-skinny distribution.)"""
+    import mlflow
+
+    names = ["numpy", "pandas", "pyarrow"] + sorted(
         {MODEL_LIBRARIES[k] for k in kinds if k in MODEL_LIBRARIES}
     )
-    return [f"{name}=={importlib.metadata.version(name)}" for name in names]
+    return [f"mlflow=={mlflow.__version__}"] + [
+        f"{name}=={importlib.metadata.version(name)}" for name in names]
 
 
 def model_kinds(packaged: Packaged) -> set[str]:

@@ -7,6 +7,8 @@ loads its model once, from the model directory shipped to the executors with
 ``prediction`` (or one ``probability_<class>`` column per class), ``model_version`` and
 ``segment_status`` (the segment's status in the model: trained, skipped, failed, unknown;
 rows of the last three are scored by the global fallback model, if any, else null).
+Model libraries installed in other versions than the model was trained with are reported
+once, on the driver; the tasks, which load members of many segments, stay quiet about it.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import logging
 import re
 import tempfile
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -26,6 +29,7 @@ from raybricks.errors import DataError, RaybricksError
 from raybricks.segmented_model import (
     CLASSIFICATION,
     MANIFEST,
+    library_version_problem,
     missing_columns,
     prediction_type,
 )
@@ -37,6 +41,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 SUPPORTED_FORMAT = 1
+#: The start of scikit-learn's InconsistentVersionWarning, raised per unpickled estimator.
+SKLEARN_VERSION_WARNING = "Trying to unpickle estimator"
 _STORES: dict[str, object] = {}  # per Python worker: model directory -> SegmentStore
 
 
@@ -124,8 +130,10 @@ def output_fields(manifest: dict, probabilities: bool) -> list[tuple[str, str]]:
 
 
 def score_partitions(model_name: str, version: str | None, probabilities: bool,
-                     cache_segments: int):
-    """The mapInPandas function: predicts each batch with the worker's cached store."""
+                     cache_segments: int, quiet_versions: bool = False):
+    """The mapInPandas function: predicts each batch with the worker's cached store.
+    ``quiet_versions``: the driver reported the library versions, so the libraries'
+    own version warnings, per loaded model, are silenced in the tasks."""
 
     def predict(batches):
         from pyspark import SparkFiles
@@ -133,11 +141,14 @@ def score_partitions(model_name: str, version: str | None, probabilities: bool,
         from raybricks.segmented_model import SegmentStore
 
         directory = str(Path(SparkFiles.get(model_name)) / "artifacts" / "segments")
-        store = _STORES.get(directory)
-        if store is None:
-            store = _STORES[directory] = SegmentStore(directory, cache_segments)
         for batch in batches:
-            result = store.predict(batch, probabilities)
+            with warnings.catch_warnings():  # members load lazily: in both calls
+                if quiet_versions:
+                    warnings.filterwarnings("ignore", message=SKLEARN_VERSION_WARNING)
+                store = _STORES.get(directory)
+                if store is None:
+                    store = _STORES[directory] = SegmentStore(directory, cache_segments)
+                result = store.predict(batch, probabilities)
             if probabilities and store.task in CLASSIFICATION:
                 for column in result.values.columns:
                     batch[f"probability_{column}"] = result.values[column].to_numpy()
@@ -177,6 +188,9 @@ def score(
             f"{model_uri} was written by a newer raybricks (format "
             f"{manifest['format_version']}); upgrade raybricks to score it"
         )
+    versions = library_version_problem(manifest, model_uri)
+    if versions:  # once, here: not in every task that loads the model's members
+        log.warning("%s", versions)
     df = input if not isinstance(input, str) else read_input(input, spark)
     segment_by = manifest["segment_by"]
     problem = missing_columns(df.columns, segment_by, manifest["features"])
@@ -190,7 +204,8 @@ def score(
     partitions = partitions or max(df.rdd.getNumPartitions(),
                                    spark.sparkContext.defaultParallelism)
     scored = lay_out_by_segment(df, segment_by, partitions).mapInPandas(
-        score_partitions(local.name, version, probabilities, cache_segments), schema)
+        score_partitions(local.name, version, probabilities, cache_segments,
+                         quiet_versions=versions is not None), schema)
     if output is None:
         return scored
     write_output(scored, output)

@@ -4,7 +4,9 @@ Every fitted model is stored in its library's own format: LightGBM's model text,
 XGBoost's UBJSON, and scikit-learn's pickle (of scikit-learn objects only; kind
 ``function``: the pickle of the user's model, whose module the consumer needs). Beside the
 bytes, a small JSON ``meta`` says how to build the feature matrix: the feature order,
-the categories of each categorical feature, the task and the class labels.
+the categories of each categorical feature, the task and the class labels. The manifest
+records the versions of the model libraries the members were trained with; loading the
+pyfunc where other versions are installed warns once (``LibraryVersionWarning``).
 
 This module is what consumers of the registered model run: MLflow logs this very file as
 the model's code ("models from code"), so it depends only on mlflow, numpy, pandas,
@@ -14,6 +16,8 @@ raybricks, it does not import mlflow.
 
 from __future__ import annotations
 
+import importlib.metadata
+import importlib.util
 import json
 import os
 import pickle
@@ -27,6 +31,50 @@ import numpy as np
 import pandas as pd
 
 CLASSIFICATION = ("binary", "multiclass")
+#: The library (distribution) whose format stores each kind of member.
+LIBRARIES = {"lightgbm": "lightgbm", "xgboost": "xgboost", "sklearn": "scikit-learn",
+             "function": "scikit-learn"}
+_MODULES = {"scikit-learn": "sklearn"}  # import names that differ from the distribution's
+
+
+class LibraryVersionWarning(UserWarning):
+    """A model library's installed version differs from the one the model was trained with."""
+
+
+def installed_version(library: str) -> str | None:
+    """The installed version of a model library, or None when it is not installed."""
+    try:
+        return importlib.metadata.version(library)
+    except importlib.metadata.PackageNotFoundError:  # installed under another name?
+        module = _MODULES.get(library, library)
+        if importlib.util.find_spec(module) is None:
+            return None
+        return getattr(__import__(module), "__version__", None)
+
+
+def trained_versions(recorded: str | list[str]) -> list[str]:
+    """A manifest's versions of one library: one, or several after a merge."""
+    return [recorded] if isinstance(recorded, str) else list(recorded)
+
+
+def library_version_problem(manifest: dict[str, Any], model_uri: str | None = None
+                            ) -> str | None:
+    """One line naming each model library whose installed version differs from the
+    training version(s) in the manifest, and the fix; None when all match."""
+    differing = []
+    for library, recorded in sorted(manifest.get("libraries", {}).items()):
+        trained = trained_versions(recorded)
+        installed = installed_version(library)
+        if any(version != installed for version in trained):
+            here = f"installed here: {installed}" if installed else "not installed here"
+            differing.append(f"{library} {' and '.join(trained)} ({here})")
+    if not differing:
+        return None
+    uri = repr(model_uri) if model_uri else "model_uri"
+    return (f"this segmented model was trained with {', '.join(differing)}; models saved by "
+            "one version may fail to load or predict differently under another: install the "
+            "model's requirements (pip install -r the file that "
+            f"mlflow.pyfunc.get_model_dependencies({uri}) returns)")
 
 
 def prepare_features(frame: pd.DataFrame, meta: dict[str, Any]) -> pd.DataFrame:
@@ -386,6 +434,9 @@ if __name__ != "raybricks.segmented_model":  # run by MLflow as the logged model
                 context.artifacts["segments"],
                 int(config.get("cache_segments", DEFAULT_CACHE_SEGMENTS)),
             )
+            problem = library_version_problem(self.store.manifest)
+            if problem:  # once per load: members load lazily, per segment, later
+                warnings.warn(problem, LibraryVersionWarning, stacklevel=2)
 
         def predict(self, context, model_input: pd.DataFrame, params: dict | None = None):
             params = params or {}
