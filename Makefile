@@ -7,7 +7,10 @@ UV := $(shell command -v uv 2>/dev/null || echo .tools/bin/uv)
 VENV := .venv
 STAMP := $(VENV)/.synced
 
-.PHONY: setup test demo lint bench clean
+RUNTIMES := dbr-15.4 dbr-16.4 dbr-17.3
+
+.PHONY: setup test demo lint bench clean test-runtimes $(addprefix test-,$(RUNTIMES)) \
+	$(addprefix setup-,$(RUNTIMES)) runtimes-table
 
 setup: $(STAMP)
 
@@ -22,7 +25,7 @@ $(STAMP): pyproject.toml uv.lock | $(UV)
 
 test: setup
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/pytest
+	ci/runtimes/test latest
 
 demo: setup
 	$(VENV)/bin/raybricks demo
@@ -35,5 +38,21 @@ bench: setup
 	$(VENV)/bin/python bench/bench_conversion.py
 	$(VENV)/bin/python bench/bench_scoring.py
 
+# Databricks Runtime ML profiles (ci/runtimes/): the runtime's package versions, the
+# raybricks wheel installed on top (checked to move none of them), then the suite.
+$(addprefix setup-,$(RUNTIMES)): setup-%: | $(UV)
+	UV=$(abspath $(UV)) ci/runtimes/setup $*
+
+$(addprefix test-,$(RUNTIMES)): test-%: setup-%
+	ci/runtimes/test $*
+
+# Every profile, then the check that docs/databricks.md's table is what just ran (with
+# `make test`'s record of the newest versions).
+test-runtimes: $(addprefix test-,$(RUNTIMES))
+	$(PYTHON) ci/runtimes/table.py --check
+
+runtimes-table:
+	$(PYTHON) ci/runtimes/table.py --write
+
 clean:
-	rm -rf $(VENV) .tools spark-warehouse .pytest_cache
+	rm -rf $(VENV) $(addprefix .venv-,$(RUNTIMES)) .tools build spark-warehouse .pytest_cache
