@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import decimal
+import logging
 import os
+import shutil
 
 import pyarrow as pa
 import pytest
+import ray
 
+from raybricks import data
 from raybricks.data import block_segments, split_into_blocks, to_ray_dataset
+from raybricks.databricks import CHUNK_API_CONF, DF_ACLS_CONF, TAGS
 from raybricks.errors import DataError
+from tests import standins
 
 
 def blocks_of(segmented):
@@ -32,6 +39,20 @@ def assert_segment_aligned(blocks, segment_by, max_block_rows):
             assert key not in seen, f"segment {key} split across blocks {seen[key]} and {index}"
             seen[key] = index
         assert block.num_rows <= max_block_rows or len(keys) == 1
+    return seen
+
+
+def assert_every_row_once(segmented, source, segment_by, max_block_rows):
+    """Blocks of whole segments, listed as they are, holding every source row once."""
+    blocks = blocks_of(segmented)
+    seen = assert_segment_aligned(blocks, segment_by, max_block_rows)
+    assert len(seen) == segmented.count_segments()
+    # what the readers reported about each block is what each block holds
+    assert segmented.segments == [block_segments(b, segment_by) for b in blocks]
+    assert sum(b.num_rows for b in blocks) == segmented.num_rows == source.count()
+    got = [row for b in blocks for row in zip(*b.to_pydict().values(), strict=True)]
+    expected = [tuple(r) for r in source.collect()]
+    assert sorted(got, key=repr) == sorted(expected, key=repr)
     return seen
 
 
@@ -59,16 +80,9 @@ def test_every_row_arrives_in_whole_segment_blocks(ray_on_spark, sales, strategy
         sales, ["store", "item"], strategy=strategy, max_block_rows=1_000, arrow_max_rows=50_000
     )
     assert segmented.strategy == strategy
-    blocks = blocks_of(segmented)
-    seen = assert_segment_aligned(blocks, ["store", "item"], 1_000)
-    assert len(seen) == segmented.count_segments() == 3 * 40 + 1
-    # what the readers reported about each block is what each block holds
-    assert segmented.segments == [block_segments(b, ["store", "item"]) for b in blocks]
+    seen = assert_every_row_once(segmented, sales, ["store", "item"], 1_000)
+    assert len(seen) == 3 * 40 + 1
     assert (None, "item/ü-0") in seen  # null keys are a segment of their own
-    assert sum(b.num_rows for b in blocks) == segmented.num_rows == sales.count()
-    got = [row for b in blocks for row in zip(*b.to_pydict().values(), strict=True)]
-    expected = [tuple(r) for r in sales.collect()]
-    assert sorted(got, key=repr) == sorted(expected, key=repr)
 
 
 def test_columns_and_predicate_are_applied_by_spark(ray_on_spark, sales):
@@ -190,3 +204,169 @@ def test_segment_count_agrees_between_spark_and_ray(ray_on_spark, sales):
 
     segmented = to_ray_dataset(sales, ["store", "item"], strategy="parquet", max_block_rows=500)
     assert segmented.count_segments() == count_segments(sales, ["store", "item"]) == 121
+
+
+# --------------------------------------------------------------------------- chunks
+# The runtime's pyspark.databricks.sql.chunk is played by tests/standins: same names and
+# signatures, partitions really split into chunks of at most max_bytes_per_chunk bytes.
+
+#: A fixed-size on-demand cluster with the chunk API enabled, as its confs say.
+FIXED_ON_DEMAND = {
+    CHUNK_API_CONF: "true",
+    f"{TAGS}.clusterScalingType": "fixed_size",
+    f"{TAGS}.clusterWorkers": "4",
+    f"{TAGS}.clusterAvailability": "ON_DEMAND",
+}
+
+
+@contextlib.contextmanager
+def spark_confs(spark, confs: dict[str, str]):
+    """The Spark confs set for the block, as they were afterwards."""
+    before = {key: spark.conf.get(key, None) for key in confs}
+    for key, value in confs.items():
+        spark.conf.set(key, value)
+    try:
+        yield
+    finally:
+        for key, value in before.items():
+            if value is None:
+                spark.conf.unset(key)
+            else:
+                spark.conf.set(key, value)
+
+
+@pytest.fixture
+def chunk_api_here(spark):
+    """The stand-in chunk API importable in this process only, on a fixed on-demand cluster."""
+    standins.install()
+    try:
+        with spark_confs(spark, FIXED_ON_DEMAND):
+            yield
+    finally:
+        standins.uninstall()
+
+
+@pytest.mark.parametrize(
+    "tags",
+    [
+        {"clusterScalingType": "autoscaling", "clusterMinWorkers": "2",
+         "clusterMaxWorkers": "8"},
+        {"clusterScalingType": "fixed_size", "clusterAvailability": "SPOT_WITH_FALLBACK",
+         "clusterFirstOnDemand": "1"},
+        {"clusterScalingType": "fixed_size", "clusterAvailability": "SPOT_AZURE"},
+        {"clusterScalingType": "fixed_size", "clusterAvailability": "PREEMPTIBLE_GCP"},
+        {"clusterScalingType": "", "clusterAvailability": ""},  # tags that do not say
+    ],
+)
+def test_auto_avoids_chunks_where_executors_may_go_away(spark, chunk_api_here, tags, caplog):
+    with spark_confs(spark, {f"{TAGS}.{name}": value for name, value in tags.items()}):
+        assert data.choose_strategy("auto", spark, 10, 100) == "arrow"
+        assert data.choose_strategy("auto", spark, 1_000, 100) == "parquet"
+        with caplog.at_level(logging.WARNING, logger="raybricks.data"):
+            assert data.choose_strategy("chunks", spark, 1_000, 100) == "chunks"
+    assert "chunks are lost with their executor" in caplog.text
+
+
+def test_auto_picks_chunks_on_a_fixed_on_demand_cluster(spark, chunk_api_here):
+    assert data.choose_strategy("auto", spark, 10, 100) == "chunks"
+    all_on_demand = {f"{TAGS}.clusterAvailability": "SPOT_WITH_FALLBACK",
+                     f"{TAGS}.clusterFirstOnDemand": "5"}  # the driver and all 4 workers
+    with spark_confs(spark, all_on_demand):
+        assert data.choose_strategy("auto", spark, 10, 100) == "chunks"
+
+
+def test_chunks_need_the_conf_and_a_dedicated_cluster(spark, chunk_api_here):
+    with spark_confs(spark, {DF_ACLS_CONF: "true"}):
+        assert data.choose_strategy("auto", spark, 1_000, 100) == "parquet"
+        with pytest.raises(DataError, match="dfAclsEnabled=true .* dedicated"):
+            data.choose_strategy("chunks", spark, 1_000, 100)
+    with (spark_confs(spark, {CHUNK_API_CONF: "false"}),
+          pytest.raises(DataError, match="dataFrameChunk.enabled is not true")):
+        data.choose_strategy("chunks", spark, 1_000, 100)
+
+
+def test_split_evenly_and_pack_pieces():
+    assert data.split_evenly([1] * 7, 3) == [[0, 1, 2], [3, 4], [5, 6]]
+    assert data.split_evenly([5, 1, 1, 1, 1, 1], 2) == [[0], [1, 2, 3, 4, 5]]
+    assert data.split_evenly([1, 1], 5) == [[0], [1]]
+    pieces = [(("a",), 3, "a1"), (("b",), 4, "b1"), (("a",), 2, "a2"), (("c",), 9, "c1")]
+    # all of a key's pieces in one task, next to each other; tasks of about 6 rows
+    assert data.pack_pieces(pieces, 6) == [["a1", "a2"], ["b1"], ["c1"]]
+
+
+class TestChunksThroughRay:
+    """The whole chunks path, with Ray workers importing the stand-in (a Ray job of their
+    own, see tests.standins.ray_job_with_standins)."""
+
+    @pytest.fixture(scope="class")
+    def chunk_api(self, ray_on_spark, spark):
+        with standins.ray_job_with_standins(), spark_confs(spark, FIXED_ON_DEMAND):
+            from pyspark.databricks.sql import chunk
+
+            yield chunk
+            shutil.rmtree(chunk.STORE, ignore_errors=True)
+
+    @staticmethod
+    def assert_all_unpersisted(chunk_api, before: int) -> list:
+        """The chunks persisted since ``before`` (a length of PERSISTED): some, all freed."""
+        chunks = chunk_api.PERSISTED[before:]
+        assert chunks and {c.id for c in chunks} <= set(chunk_api.UNPERSISTED)
+        assert not any(os.path.exists(c.id) for c in chunks)
+        return chunks
+
+    @pytest.mark.parametrize("chunk_bytes", [2_000, 40_000])
+    def test_every_row_arrives_once_in_whole_segments(self, chunk_api, sales, chunk_bytes):
+        """2 kB chunks: every segment spans several chunks; 40 kB: a few segments per
+        chunk, some straddling two."""
+        before = len(chunk_api.PERSISTED)
+        segmented = to_ray_dataset(
+            sales, ["store", "item"], max_block_rows=1_000, chunk_bytes=chunk_bytes
+        )
+        assert segmented.strategy == "chunks"  # auto, on a fixed on-demand cluster
+        chunks = self.assert_all_unpersisted(chunk_api, before)
+        most_partitions = data.BLOCKS_PER_CPU * ray.cluster_resources()["CPU"]
+        assert len(chunks) > 2 * most_partitions  # partitions became several chunks each
+        seen = assert_every_row_once(segmented, sales, ["store", "item"], 1_000)
+        assert len(seen) == 3 * 40 + 1 and (None, "item/ü-0") in seen
+        if chunk_bytes == 2_000:  # segments longer than any chunk: all of them straddle
+            longest_chunk = max(c.row_count for c in chunks)
+            sizes = [rows for block in segmented.segments for _, rows in block]
+            assert sum(rows > longest_chunk for rows in sizes) == 3 * 40
+
+    def test_types_survive_the_chunks(self, chunk_api, spark):
+        df = spark.createDataFrame(
+            [("a", dt.datetime(2024, 3, 1, 12, 30), decimal.Decimal("1.250"), "ü")] * 3
+            + [("b", None, None, None)],
+            "seg string, ts timestamp, dec decimal(12,3), s string",
+        )
+        segmented = to_ray_dataset(df, ["seg"], strategy="chunks", chunk_bytes=64)
+        table = pa.concat_tables(blocks_of(segmented))
+        assert segmented.schema == table.schema.remove_metadata()
+        assert table.schema.field("ts").type == pa.timestamp("us", tz="UTC")
+        assert table.schema.field("dec").type == pa.decimal128(12, 3)
+        rows = sorted(table.to_pylist(), key=lambda row: row["seg"])
+        assert [row["seg"] for row in rows] == ["a", "a", "a", "b"]
+        assert rows[0]["ts"] == dt.datetime(2024, 3, 1, 12, 30, tzinfo=dt.UTC)
+        assert rows[0]["dec"] == decimal.Decimal("1.250") and rows[0]["s"] == "ü"
+        assert rows[3]["ts"] is None and rows[3]["s"] is None
+
+    def test_chunks_are_unpersisted_when_a_reader_fails(self, chunk_api, sales):
+        before = len(chunk_api.PERSISTED)
+        marker = os.path.join(chunk_api.STORE, chunk_api.FAIL_READS)
+        open(marker, "w").close()  # every readChunk in the Ray workers raises
+        try:
+            with pytest.raises(DataError, match="reading Spark's Arrow chunks into Ray"):
+                to_ray_dataset(sales, ["store"], strategy="chunks", chunk_bytes=50_000)
+        finally:
+            os.remove(marker)
+        self.assert_all_unpersisted(chunk_api, before)
+
+    def test_chunks_are_unpersisted_on_interrupt(self, chunk_api, sales, monkeypatch):
+        def interrupted(*args, **kwargs):
+            raise KeyboardInterrupt
+
+        before = len(chunk_api.PERSISTED)
+        monkeypatch.setattr(data, "_gather_blocks", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            to_ray_dataset(sales, ["store"], strategy="chunks")
+        self.assert_all_unpersisted(chunk_api, before)

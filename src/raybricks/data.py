@@ -7,24 +7,32 @@ cuts it at segment boundaries into blocks of at most ``max_block_rows`` rows (a 
 segment larger than that is one block of its own). No segment is ever split across
 blocks, and Ray does no shuffle. (Sorting in the reader rather than in Spark halves
 Spark's work on small clusters: Arrow sorts a partition in a fraction of the time
-Spark's row-based sort takes, and the readers run in parallel.)
+Spark's row-based sort takes, and the readers run in parallel. ``chunks`` is the
+exception, see below.)
 
 Strategies (``strategy=``):
 
 ``chunks``
-    Databricks Runtime ML 15+: Spark persists partitions as Arrow chunks
-    (``pyspark.sql.chunk_api``, the mechanism behind ``ray.data.from_spark`` there) and
-    Ray tasks read them. Needs ``spark.databricks.pyspark.dataFrameChunk.enabled``.
+    Databricks Runtime ML 15+ (the mechanism behind Ray's own ``ray.data.from_spark``
+    there): Spark sorts each partition by the key and persists it on the executors as
+    Arrow chunks of at most ``chunk_bytes`` (``pyspark.databricks.sql.chunk``); Ray
+    tasks read the chunks. A partition may become several chunks, so a segment may
+    straddle two or more: the readers cut blocks from the segments wholly inside a chunk
+    and set aside the first and last segment of every chunk, and a second, small round of
+    tasks puts those pieces together by key. The chunks are unpersisted once the blocks
+    are in Ray, and on any error. Needs ``spark.databricks.pyspark.dataFrameChunk.enabled``
+    and a dedicated access mode cluster; ``auto`` uses it only on a fixed-size on-demand
+    cluster (chunks die with their executor).
 ``parquet``
     Spark writes the clustered table as Parquet under a unique staging directory (a Unity
     Catalog volume path on Databricks, a temporary directory locally), Ray tasks read one
     file each, and the directory is removed once the blocks are in Ray's object store.
 ``arrow``
-    Small tables only: ``DataFrame.toArrow()`` on the driver, cut into blocks there.
+    Small tables only: the table collected as Arrow on the driver, cut into blocks there.
     Refused above ``arrow_max_rows`` so no large table is collected on the driver.
 ``auto``
-    ``chunks`` where available, else ``arrow`` for tables up to ``arrow_max_rows``,
-    else ``parquet``.
+    ``chunks`` where available on a fixed-size on-demand cluster, else ``arrow`` for
+    tables up to ``arrow_max_rows``, else ``parquet``.
 
 Types: integers, floats, booleans, strings, binary, dates and decimals (same precision
 and scale) arrive as their Arrow equivalents; Spark ``TIMESTAMP`` arrives as
@@ -44,12 +52,19 @@ import tempfile
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, NamedTuple
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from raybricks.databricks import STAGING_PREFIX, chunk_api_available, in_databricks_runtime
+from raybricks.databricks import (
+    CHUNK_API_CONF,
+    STAGING_PREFIX,
+    chunk_api_available,
+    chunk_api_problem,
+    in_databricks_runtime,
+    unstable_workers,
+)
 from raybricks.errors import DataError
 
 if TYPE_CHECKING:
@@ -65,6 +80,8 @@ DEFAULT_ARROW_MAX_ROWS = 100_000
 ROWS_PER_PARTITION = 1_000_000
 #: Blocks per Ray CPU by default: enough tasks to balance uneven segments.
 BLOCKS_PER_CPU = 4
+#: Largest Arrow chunk of the ``chunks`` strategy (what Ray's ``from_spark`` uses).
+DEFAULT_CHUNK_BYTES = 32 * 1024 * 1024
 
 
 @dataclass
@@ -240,10 +257,16 @@ def cut_into_blocks(
     """Cut a key-sorted table into blocks of whole segments, at most ``max_block_rows``
     rows each (a segment larger than that becomes a block of its own); also every
     block's (key, rows) of its segments, found in the same pass."""
+    return cut_at_bounds(table, segment_bounds(table, segment_by), max_block_rows)
+
+
+def cut_at_bounds(
+    table: pa.Table, bounds: list[tuple[tuple, int, int]], max_block_rows: int
+) -> tuple[list[pa.Table], list[list[tuple[tuple, int]]]]:
+    """``cut_into_blocks`` with the table's segment bounds (key, start, end) known."""
     blocks: list[pa.Table] = []
     segments: list[list[tuple[tuple, int]]] = []
     block_start, current = 0, []
-    bounds = segment_bounds(table, segment_by)
     for key, start, end in bounds:
         if end - block_start > max_block_rows and start > block_start:
             blocks.append(table.slice(block_start, start - block_start))
@@ -280,33 +303,77 @@ def normalize_types(table: pa.Table) -> pa.Table:
     return table if target.equals(table.schema) else table.cast(target)
 
 
+class ReaderReport(NamedTuple):
+    """A reader's last output: the schema of its tables, the (key, rows) of every block's
+    segments, and of the pieces it yielded after the blocks (segments that may have more
+    rows in other readers' chunks, see ``_read_chunk_blocks``)."""
+
+    schema: pa.Schema
+    segments: list[list[tuple[tuple, int]]]
+    pieces: list[tuple[tuple, int]] = []
+
+
 def _read_parquet_blocks(path: str, segment_by: list[str], max_block_rows: int):
     """Ray task body: one staged Parquet file -> segment-aligned blocks."""
     import pyarrow.parquet as pq
 
     table = sort_by_segment(normalize_types(pq.read_table(path)), segment_by)
     # Ray's streaming generators need a plain yield, not `yield from`.
-    for output in _blocks_then_segments(table, segment_by, max_block_rows):  # noqa: UP028
+    for output in _blocks_then_report(table, segment_by, max_block_rows):  # noqa: UP028
         yield output
 
 
 def _read_chunk_blocks(chunk_ids: list[str], segment_by: list[str], max_block_rows: int):
-    """Ray task body: Databricks Arrow chunks of one partition -> segment-aligned blocks."""
-    from pyspark.sql.chunk_api import read_chunk  # Databricks Runtime only
+    """Ray task body: Databricks Arrow chunks -> blocks, then pieces, then the report.
 
-    table = pa.concat_tables([read_chunk(chunk_id) for chunk_id in chunk_ids])
-    table = sort_by_segment(normalize_types(table), segment_by)
+    Each chunk is a key-sorted run of one Spark partition, and every segment lies in one
+    partition, so only a chunk's first and last segment can have rows in other chunks.
+    The segments between them are whole: they are cut into blocks. The first and last
+    are yielded as pieces, one per key (a reader may hold both ends of a straddling
+    segment), for ``_assemble_pieces`` to join with the same key's pieces of other readers.
+    """
+    from pyspark.databricks.sql.chunk import readChunk  # Databricks Runtime only
+
+    schema, inner, bounds, rows = None, [], [], 0
+    edges: dict[tuple, list[pa.Table]] = {}
+    for chunk_id in chunk_ids:
+        table = normalize_types(readChunk(chunk_id))
+        schema = table.schema if schema is None else schema
+        found = segment_bounds(table, segment_by)
+        for key, start, end in [found[0], found[-1]] if len(found) > 1 else found:
+            edges.setdefault(key, []).append(table.slice(start, end - start))
+        if len(found) > 2:
+            first, last = found[1][1], found[-2][2]
+            inner.append(table.slice(first, last - first))
+            bounds += [(key, start - first + rows, end - first + rows)
+                       for key, start, end in found[1:-1]]
+            rows += last - first
+    table = pa.concat_tables(inner) if inner else schema.empty_table()
+    blocks, segments = cut_at_bounds(table, bounds, max_block_rows)
+    pieces = [(key, pa.concat_tables(parts)) for key, parts in edges.items()]
     # Ray's streaming generators need a plain yield, not `yield from`.
-    for output in _blocks_then_segments(table, segment_by, max_block_rows):  # noqa: UP028
+    for output in (*blocks, *(piece for _, piece in pieces)):  # noqa: UP028
+        yield output
+    yield ReaderReport(schema, segments, [(key, piece.num_rows) for key, piece in pieces])
+
+
+def _assemble_pieces(pieces: list, segment_by: list[str], max_block_rows: int):
+    """Ray task body: pieces of segments (references, those of one key next to each
+    other) -> segment-aligned blocks, then the report."""
+    import ray
+
+    table = pa.concat_tables(ray.get(pieces))
+    # Ray's streaming generators need a plain yield, not `yield from`.
+    for output in _blocks_then_report(table, segment_by, max_block_rows):  # noqa: UP028
         yield output
 
 
-def _blocks_then_segments(table: pa.Table, segment_by: list[str], max_block_rows: int):
-    """A reader's outputs: its blocks, then its table's schema and every block's segments
-    (so the engine knows what each block holds without reading it again)."""
+def _blocks_then_report(table: pa.Table, segment_by: list[str], max_block_rows: int):
+    """A reader's outputs: its blocks, then its report (so the engine knows what each
+    block holds without reading it again)."""
     blocks, segments = cut_into_blocks(table, segment_by, max_block_rows)
     yield from blocks
-    yield table.schema, segments
+    yield ReaderReport(table.schema, segments)
 
 
 # --------------------------------------------------------------------------- transfer
@@ -314,16 +381,21 @@ def _blocks_then_segments(table: pa.Table, segment_by: list[str], max_block_rows
 
 def _gather_blocks(read_fn, items: list, segment_by: list[str], max_block_rows: int):
     """Run ``read_fn`` as a streaming Ray task per item; return the block references,
-    the schema and every block's segments."""
+    the schema, every block's segments, and the pieces as (key, rows, reference)."""
     import ray
 
     reader = ray.remote(num_returns="streaming", max_retries=3)(read_fn)
     generators = [reader.remote(item, segment_by, max_block_rows) for item in items]
     outputs = [list(generator) for generator in generators]
-    refs = [ref for output in outputs for ref in output[:-1]]
-    found = ray.get([output[-1] for output in outputs])
-    schema = unify_schemas([schema for schema, _ in found])
-    return refs, schema, [block for _, blocks in found for block in blocks]
+    reports = ray.get([output[-1] for output in outputs])
+    refs, segments, pieces = [], [], []
+    for output, report in zip(outputs, reports, strict=True):
+        blocks = len(report.segments)
+        refs += output[:blocks]
+        segments += report.segments
+        pieces += [(key, rows, ref)
+                   for (key, rows), ref in zip(report.pieces, output[blocks:-1], strict=True)]
+    return refs, unify_schemas([r.schema for r in reports]), segments, pieces
 
 
 def unify_schemas(schemas: list[pa.Schema]) -> pa.Schema:
@@ -363,8 +435,8 @@ def default_staging_root() -> str:
         raise DataError(
             "Parquet staging on Databricks needs a shared location: set data.staging_dir "
             "to a Unity Catalog volume path such as /Volumes/<catalog>/<schema>/<volume>/"
-            "raybricks, or enable the chunk API "
-            "(spark.databricks.pyspark.dataFrameChunk.enabled=true)"
+            "raybricks, or, on a fixed-size on-demand cluster, enable the chunk API "
+            f"({CHUNK_API_CONF}=true)"
         )
     return tempfile.gettempdir()
 
@@ -384,25 +456,124 @@ def staging_directory(root: str | None) -> Iterator[str]:
 def _blocks_via_parquet(df, segment_by, max_block_rows, staging_dir):
     with staging_directory(staging_dir) as path:
         files = stage_as_parquet(df, path)
-        return _gather_blocks(_read_parquet_blocks, files, segment_by, max_block_rows)
+        refs, schema, segments, _ = _gather_blocks(
+            _read_parquet_blocks, files, segment_by, max_block_rows
+        )
+        return refs, schema, segments
 
 
-def _blocks_via_chunks(df, segment_by, max_block_rows, num_rows):
-    from pyspark.sql.chunk_api import persist_dataframe_as_chunks  # Databricks Runtime only
+def _blocks_via_chunks(df, segment_by, max_block_rows, chunk_bytes: int, readers: int):
+    """Persist the key-sorted partitions as Arrow chunks, read them with ``readers`` Ray
+    tasks, join the pieces of segments that straddle chunks; unpersist whatever happens."""
+    import ray.exceptions
+    from pyspark.databricks.sql.chunk import persistDataFrameAsChunks  # Databricks only
 
-    # Chunks never span partitions; allowing a chunk the whole table's rows keeps each
-    # partition in one chunk, and the reader cuts it at segment boundaries.
-    metas = persist_dataframe_as_chunks(df, max(num_rows, 1))
-    return _gather_blocks(
-        _read_chunk_blocks, [[m.id] for m in metas], segment_by, max_block_rows
-    )
+    chunks = persistDataFrameAsChunks(df, chunk_bytes)
+    try:
+        groups = split_evenly([max(chunk.byte_count, 1) for chunk in chunks], readers)
+        items = [[chunks[i].id for i in group] for group in groups]
+        refs, schema, segments, pieces = _gather_blocks(
+            _read_chunk_blocks, items, segment_by, max_block_rows
+        )
+        if pieces:
+            more_refs, more_schema, more_segments, _ = _gather_blocks(
+                _assemble_pieces, pack_pieces(pieces, max_block_rows), segment_by,
+                max_block_rows,
+            )
+            refs, segments = refs + more_refs, segments + more_segments
+            schema = unify_schemas([schema, more_schema])
+    except ray.exceptions.RayError as exc:
+        raise DataError(
+            f"reading Spark's Arrow chunks into Ray failed ({_first_line(exc)}); chunks live "
+            "on the executors and are lost with one (autoscaling, spot instances): use "
+            "data.strategy='parquet' there"
+        ) from exc
+    finally:
+        _unpersist(chunks)
+    log.info("%d chunks -> %d blocks (%d pieces of straddling segments joined)",
+             len(chunks), len(refs), len(pieces))
+    check_segments_whole(segments)
+    return refs, schema, segments
+
+
+def _unpersist(chunks: list) -> None:
+    """Free the executors' copies of the chunks (a failure is logged, not raised)."""
+    from pyspark.databricks.sql.chunk import unpersistChunks  # Databricks only
+
+    try:
+        unpersistChunks([chunk.id for chunk in chunks])
+    except Exception as exc:  # noqa: BLE001 - the blocks are in Ray; do not hide the result
+        log.warning("unpersisting %d Spark chunks failed: %s", len(chunks), exc)
+
+
+def split_evenly(sizes: Sequence[int], parts: int) -> list[list[int]]:
+    """Indices of ``sizes`` in at most ``parts`` consecutive runs of about equal total."""
+    total = sum(sizes)
+    groups: list[list[int]] = []
+    current: list[int] = []
+    done = 0
+    for index, size in enumerate(sizes):
+        current.append(index)
+        done += size
+        if done * parts >= total * (len(groups) + 1) and len(groups) < parts - 1:
+            groups.append(current)
+            current = []
+    return [*groups, current] if current else groups
+
+
+def pack_pieces(pieces: list[tuple[tuple, int, object]], max_block_rows: int) -> list[list]:
+    """The pieces' references grouped by key into tasks of about ``max_block_rows`` rows:
+    all pieces of a key in one task, next to each other (so the key is one run of rows)."""
+    by_key: dict[tuple, list] = {}
+    rows: dict[tuple, int] = {}
+    for key, count, ref in pieces:
+        by_key.setdefault(key, []).append(ref)
+        rows[key] = rows.get(key, 0) + count
+    tasks: list[list] = []
+    current: list = []
+    size = 0
+    for key, refs in by_key.items():
+        if current and size + rows[key] > max_block_rows:
+            tasks.append(current)
+            current, size = [], 0
+        current += refs
+        size += rows[key]
+    return [*tasks, current] if current else tasks
+
+
+def check_segments_whole(segments: list[list[tuple[tuple, int]]]) -> None:
+    """Raise if a segment is listed in two blocks (chunks that were not key-sorted runs
+    of one partition each would cause it)."""
+    seen: set[tuple] = set()
+    for block in segments:
+        for key, _ in block:
+            if key in seen:
+                raise DataError(
+                    f"segment {key} arrived in two blocks: the Spark chunks were not "
+                    "key-sorted runs of one partition each; use data.strategy='parquet'"
+                )
+            seen.add(key)
+
+
+def collect_arrow(df: DataFrame) -> pa.Table:
+    """The DataFrame as one Arrow table on the driver: ``toArrow`` (Spark 4.0+), else
+    the Arrow batches ``toPandas`` collects (Spark 3.5)."""
+    to_arrow = getattr(df, "toArrow", None)
+    if to_arrow is not None:
+        return to_arrow()
+    batches = df._collect_as_arrow()
+    if batches:
+        return pa.Table.from_batches(batches)
+    from raybricks.compat import arrow_schema
+
+    return arrow_schema(df.schema).empty_table()
 
 
 def _blocks_via_arrow(df, segment_by, max_block_rows):
     """Small tables: collect as Arrow, sort and cut on the driver (no Spark shuffle)."""
     import ray
 
-    table = sort_by_segment(normalize_types(df.toArrow()), segment_by)
+    table = sort_by_segment(normalize_types(collect_arrow(df)), segment_by)
     blocks, segments = cut_into_blocks(table, segment_by, max_block_rows)
     return [ray.put(b) for b in blocks], table.schema.remove_metadata(), segments
 
@@ -410,12 +581,26 @@ def _blocks_via_arrow(df, segment_by, max_block_rows):
 def choose_strategy(
     requested: Strategy, spark: SparkSession, num_rows: int, arrow_max_rows: int
 ) -> str:
-    """Resolve ``auto`` and refuse a strategy that cannot work here."""
-    if requested == "chunks" and not chunk_api_available(spark):
-        raise DataError(
-            "strategy='chunks' needs Databricks Runtime ML 15+ with "
-            "spark.databricks.pyspark.dataFrameChunk.enabled=true: use 'parquet' or 'auto'"
-        )
+    """Resolve ``auto`` and refuse a strategy that cannot work here.
+
+    ``auto`` takes ``chunks`` only on a fixed-size on-demand cluster: chunks live on the
+    executors, and one that goes away takes its chunks with it. ``chunks`` asked for
+    explicitly on another cluster is used, with a warning.
+    """
+    if requested == "chunks":
+        problem = chunk_api_problem(spark)
+        if problem:
+            raise DataError(
+                f"strategy='chunks' cannot work here: {problem}. It needs Databricks Runtime "
+                f"ML 15+ with {CHUNK_API_CONF}=true on a dedicated access mode cluster: use "
+                "'parquet' or 'auto'"
+            )
+        risk = unstable_workers(spark)
+        if risk:
+            log.warning(
+                "strategy='chunks' although %s: chunks are lost with their executor, and "
+                "the transfer then fails; 'parquet' does not depend on the executors", risk
+            )
     if requested == "arrow" and num_rows > arrow_max_rows:
         raise DataError(
             f"strategy='arrow' collects the table on the driver and is limited to "
@@ -425,7 +610,10 @@ def choose_strategy(
     if requested != "auto":
         return requested
     if chunk_api_available(spark):
-        return "chunks"
+        risk = unstable_workers(spark)
+        if risk is None:
+            return "chunks"
+        log.info("not using Spark's chunk API: %s", risk)
     return "arrow" if num_rows <= arrow_max_rows else "parquet"
 
 
@@ -440,6 +628,7 @@ def to_ray_dataset(
     min_blocks: int | None = None,
     arrow_max_rows: int = DEFAULT_ARROW_MAX_ROWS,
     staging_dir: str | None = None,
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     spark: SparkSession | None = None,
 ) -> SegmentedDataset:
     """Turn a Spark DataFrame or table into a Ray Dataset of whole-segment blocks.
@@ -447,12 +636,15 @@ def to_ray_dataset(
     ``columns``: the columns to keep besides ``segment_by`` (default: all). ``where``: a
     Spark SQL predicate applied before anything moves. ``min_blocks``: at least this many
     blocks when the segments allow it (default: four per Ray CPU, so uneven blocks still
-    keep every CPU busy to the end). Ray must be initialised (see ``raybricks.cluster``).
+    keep every CPU busy to the end). ``chunk_bytes``: the largest Arrow chunk of the
+    ``chunks`` strategy. Ray must be initialised (see ``raybricks.cluster``).
     """
     import ray
 
     if max_block_rows < 1:
         raise DataError(f"max_block_rows={max_block_rows} must be at least 1")
+    if chunk_bytes < 1:
+        raise DataError(f"chunk_bytes={chunk_bytes} must be at least 1")
     if not ray.is_initialized():
         raise DataError(
             "Ray is not running: start it first with raybricks.cluster.ray_cluster() "
@@ -485,9 +677,10 @@ def to_ray_dataset(
             refs, schema, segments = _blocks_via_parquet(
                 clustered, segment_by, max_block_rows, staging_dir
             )
-        else:
+        else:  # chunks: Spark sorts, so a segment can only straddle a chunk's ends
             refs, schema, segments = _blocks_via_chunks(
-                clustered, segment_by, max_block_rows, num_rows
+                clustered.sortWithinPartitions(*segment_by), segment_by, max_block_rows,
+                chunk_bytes, partitions,
             )
     return SegmentedDataset(refs, segment_by, chosen, num_rows, schema, segments)
 

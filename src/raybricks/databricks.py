@@ -27,7 +27,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+CHUNK_API_MODULE = "pyspark.databricks.sql.chunk"
 CHUNK_API_CONF = "spark.databricks.pyspark.dataFrameChunk.enabled"
+DF_ACLS_CONF = "spark.databricks.acl.dfAclsEnabled"
+#: Prefix of the Spark confs in which Databricks describes the cluster.
+TAGS = "spark.databricks.clusterUsageTags"
 CLUSTER_ID_CONF = "spark.databricks.clusterUsageTags.clusterId"
 TIMEOUT_ENV = "RAYBRICKS_DATABRICKS_TIMEOUT"
 DEFAULT_TIMEOUT_S = 30.0
@@ -61,21 +65,70 @@ def runtime_version() -> tuple[int, int] | None:
         return None
 
 
-def chunk_api_available(spark: SparkSession) -> bool:
-    """True where Spark can hand partitions to Ray as Arrow chunks (DBR ML 15+).
+def chunk_api_problem(spark: SparkSession) -> str | None:
+    """Why Spark cannot hand partitions to Ray as Arrow chunks here, or None if it can.
 
-    Needs the runtime's ``pyspark.sql.chunk_api`` module and the Spark conf
-    ``spark.databricks.pyspark.dataFrameChunk.enabled=true``.
+    The chunk API (``pyspark.databricks.sql.chunk``, Databricks Runtime ML 15+) needs the
+    cluster conf ``spark.databricks.pyspark.dataFrameChunk.enabled=true`` and a dedicated
+    (assigned) access mode cluster: not ``spark.databricks.acl.dfAclsEnabled=true``.
     """
-    version = runtime_version()
-    if version is None or version[0] < 15:
-        return False
     try:
-        if importlib.util.find_spec("pyspark.sql.chunk_api") is None:
-            return False
+        found = importlib.util.find_spec(CHUNK_API_MODULE) is not None
     except (ImportError, ValueError):
-        return False
-    return spark.conf.get(CHUNK_API_CONF, "false").lower() == "true"
+        found = False
+    if not found:
+        return f"there is no module {CHUNK_API_MODULE}"
+    if _conf(spark, CHUNK_API_CONF, "false").lower() != "true":
+        return f"the cluster conf {CHUNK_API_CONF} is not true"
+    if _conf(spark, DF_ACLS_CONF, "false").lower() != "false":
+        return (f"{DF_ACLS_CONF}=true (a shared access mode cluster); the chunk API needs "
+                "a dedicated (single user, assigned) access mode cluster")
+    return None
+
+
+def chunk_api_available(spark: SparkSession) -> bool:
+    """True where Spark can hand partitions to Ray as Arrow chunks (see ``chunk_api_problem``)."""
+    return chunk_api_problem(spark) is None
+
+
+def unstable_workers(spark: SparkSession) -> str | None:
+    """Why this cluster's executors may go away while it runs (autoscaling, spot or
+    preemptible instances, or tags that do not say), or None for a fixed-size on-demand
+    cluster. Read from the ``spark.databricks.clusterUsageTags.*`` confs."""
+    scaling = _conf(spark, f"{TAGS}.clusterScalingType", "").lower()
+    low = _int_conf(spark, f"{TAGS}.clusterMinWorkers")
+    high = _int_conf(spark, f"{TAGS}.clusterMaxWorkers")
+    if scaling == "autoscaling" or (low is not None and high is not None and low < high):
+        bounds = f" ({low}-{high} workers)" if low is not None and high is not None else ""
+        return f"the cluster autoscales{bounds}"
+    if scaling != "fixed_size":
+        return "the cluster tags do not say whether the cluster autoscales"
+    availability = _conf(spark, f"{TAGS}.clusterAvailability", "").upper()
+    if not availability:
+        return "the cluster tags do not say whether its workers are spot instances"
+    if availability.startswith("ON_DEMAND"):
+        return None
+    # AWS and Azure put the first `first_on_demand` nodes (the driver first) on demand
+    first_on_demand = _int_conf(spark, f"{TAGS}.clusterFirstOnDemand")
+    workers = _int_conf(spark, f"{TAGS}.clusterWorkers")
+    if first_on_demand is not None and workers is not None and first_on_demand > workers:
+        return None
+    return f"the cluster's workers may be spot or preemptible instances ({availability})"
+
+
+def _conf(spark: SparkSession, key: str, default: str) -> str:
+    try:
+        value = spark.conf.get(key, default)
+    except Exception:  # noqa: BLE001 - a conf Spark refuses to show counts as unset
+        return default
+    return default if value is None else str(value)
+
+
+def _int_conf(spark: SparkSession, key: str) -> int | None:
+    try:
+        return int(_conf(spark, key, ""))
+    except ValueError:
+        return None
 
 
 # --------------------------------------------------------------------------- client

@@ -1,0 +1,1 @@
+"""Stand-in for the Databricks Runtime's ``pyspark.databricks`` package (see tests.standins)."""

@@ -1,0 +1,1 @@
+"""Stand-in for ``pyspark.databricks.sql`` (see tests.standins)."""
