@@ -125,7 +125,7 @@ def boosting_trainer(library: str) -> type:
     import importlib
 
     name = {"xgboost": "XGBoostTrainer", "lightgbm": "LightGBMTrainer"}[library]
-    for module in (f"ray.train.{library}.v2", f"ray.train.{library}"):
+    for module in (f"ray.train.{library}", f"ray.train.{library}.v2"):  # newest first
         try:
             trainer = getattr(importlib.import_module(module), name)
         except (ImportError, AttributeError):
