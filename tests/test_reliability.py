@@ -238,18 +238,28 @@ def small_result(ray_on_spark, spark, tmp_path_factory):
     return train_segments(ds, fault_job(tmp_path_factory.mktemp("small")))
 
 
+def stored_location(source: str) -> str:
+    """Where a version's model files are: a logged model's (MLflow 3, ``models:/m-...``)
+    or a run's artifacts (MLflow 2, ``runs:/...``)."""
+    import mlflow
+    from mlflow.store.artifact.runs_artifact_repo import RunsArtifactRepository
+
+    if source.startswith("models:/"):
+        return mlflow.get_logged_model(source.removeprefix("models:/")).artifact_location
+    if source.startswith("runs:/"):
+        return RunsArtifactRepository.get_underlying_uri(source)
+    return source
+
+
 def test_mlflow_failing_mid_registration_leaves_nothing_and_the_retry_succeeds(
         small_result, tmp_path):
-    import mlflow
     from mlflow import MlflowClient
 
     name = "tests.reliability.rollback"
     config = fault_job(tmp_path, registry={"name": name, "promote": "if_better"})
     first = registry.publish(small_result, config)
     client = MlflowClient()
-    source = client.get_model_version(name, first.version).source
-    model_id = source.removeprefix("models:/")
-    location = mlflow.get_logged_model(model_id).artifact_location
+    location = stored_location(client.get_model_version(name, first.version).source)
     stored = Path(urlparse(location).path if "://" in location else location)
     hidden = stored.with_name(stored.name + ".unavailable")
     stored.rename(hidden)  # the champion's artifacts vanish: comparing with it fails
