@@ -35,7 +35,7 @@ def outcome(junit: Path) -> dict[str, int]:
 def main(profile: str, junit: str) -> None:
     record = {
         "profile": profile,
-        "python": platform.python_version(),
+        "python": ".".join(platform.python_version_tuple()[:2]),  # patch releases vary
         "packages": {name: installed(name) for name in PACKAGES},
         "outcome": outcome(Path(junit)),
     }
