@@ -53,18 +53,6 @@ def in_databricks_runtime() -> bool:
     return "DATABRICKS_RUNTIME_VERSION" in os.environ
 
 
-def runtime_version() -> tuple[int, int] | None:
-    """The Databricks Runtime version as (major, minor), or None outside Databricks."""
-    raw = os.environ.get("DATABRICKS_RUNTIME_VERSION")
-    if not raw:
-        return None
-    parts = raw.split(".")
-    try:
-        return int(parts[0]), int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else 0
-    except ValueError:
-        return None
-
-
 def chunk_api_problem(spark: SparkSession) -> str | None:
     """Why Spark cannot hand partitions to Ray as Arrow chunks here, or None if it can.
 
