@@ -16,6 +16,7 @@ import logging
 import os
 import tempfile
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,7 +41,6 @@ MODEL_NAME = "segmented_model"
 MERGED_MODEL_NAME = "merged_model"
 PARAM_VALUE_LIMIT = 6000
 LOG_TABLE_ROWS = 10_000  # above this the UI table would be slow; the Parquet has it all
-MODEL_LIBRARIES = segmented_model.LIBRARIES  # candidate kind -> the library it needs
 
 
 class RegistryError(RaybricksError):
@@ -241,33 +241,16 @@ def log_plots(result: TrainingResult) -> None:
 # --------------------------------------------------------------------------- the model
 
 
-def model_requirements(kinds: set[str]) -> list[str]:
-    """Exactly what the pyfunc imports, at the versions it was trained with. (MLflow's
-    version is the module's: a Databricks cluster has only the mlflow-skinny distribution.)"""
+def model_requirements(libraries: Iterable[str]) -> list[str]:
+    """Exactly what the pyfunc imports, at the versions it was trained with: MLflow, NumPy,
+    pandas, PyArrow and the model ``libraries`` (the manifest's, as packaging recorded
+    them). MLflow's version is the module's: a Databricks cluster has only the
+    mlflow-skinny distribution."""
     import mlflow
 
-    names = ["numpy", "pandas", "pyarrow"] + sorted(
-        {MODEL_LIBRARIES[k] for k in kinds if k in MODEL_LIBRARIES}
-    )
+    names = ["numpy", "pandas", "pyarrow", *sorted(libraries)]
     return [f"mlflow=={mlflow.__version__}"] + [
         f"{name}=={importlib.metadata.version(name)}" for name in names]
-
-
-def model_kinds(packaged: Packaged) -> set[str]:
-    import pyarrow.compute as pc
-
-    from raybricks.packaging import read_members
-
-    kinds = set()
-    members = read_members(packaged.directory, columns=["kind"])  # not the payloads
-    if members.num_rows:
-        kinds |= set(pc.unique(members.column("kind")).to_pylist())
-    fallback = packaged.directory / segmented_model.FALLBACK
-    if fallback.exists():
-        import pyarrow.parquet as pq
-
-        kinds |= set(pq.read_table(fallback, columns=["kind"]).column("kind").to_pylist())
-    return kinds
 
 
 def signature_for(store: SegmentStore, example: pd.DataFrame):
@@ -295,7 +278,7 @@ def log_segmented_model(packaged: Packaged, example: pd.DataFrame | None, name: 
         artifacts={"segments": str(packaged.directory)},
         signature=signature_for(store, example),
         input_example=example[store.segment_by + store.features],
-        pip_requirements=model_requirements(model_kinds(packaged)),
+        pip_requirements=model_requirements(packaged.manifest["libraries"]),
         model_config={"cache_segments": segmented_model.DEFAULT_CACHE_SEGMENTS},
     )
 
