@@ -21,7 +21,7 @@ import pandas as pd
 from mlflow import MlflowClient
 
 from raybricks import JobConfig
-from raybricks.registry import configure_tracking
+from raybricks.tracking import configure_tracking
 
 configure_tracking()  # the workspace registry (Unity Catalog) on Databricks, SQLite locally
 client = MlflowClient()
@@ -74,7 +74,7 @@ display(problems[config.segment_by + ["status", "reason"]])
 
 # COMMAND ----------
 
-from raybricks.config import METRICS
+from raybricks.metrics import metric
 
 m = config.metric
 trained = segments[segments.status == "trained"]
@@ -83,9 +83,10 @@ distribution = trained[[c for c in columns if c in trained]].astype(float).descr
     percentiles=[0.1, 0.5, 0.9]).T
 display(distribution.reset_index(names="column"))
 
-sign = 1 if METRICS[m]["greater_is_better"] else -1
+sign = 1 if metric(m).greater_is_better else -1
 gain = sign * (trained[f"metric_{m}"] - trained[f"baseline_{m}"]).astype(float)
-print(f"{(gain > 0).mean():.0%} of {len(trained)} trained segments beat the baseline on {m}")
+share = metric(m).beats(trained[f"metric_{m}"], trained[f"baseline_{m}"])
+print(f"{share:.0%} of {len(trained)} trained segments beat the baseline on {m}")
 display(trained.assign(gain=gain).nsmallest(10, "gain")[
     config.segment_by + ["chosen", f"metric_{m}", f"baseline_{m}", "gain"]])
 

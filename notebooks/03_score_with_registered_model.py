@@ -24,7 +24,7 @@ dbutils.widgets.text("output_table", "main.retail.daily_sales_predictions",
 # COMMAND ----------
 
 import raybricks
-from raybricks.scoring import read_input
+from raybricks.sources import read_source, source_of
 
 model_uri = dbutils.widgets.get("model_uri")
 input_table = dbutils.widgets.get("input_table")
@@ -34,7 +34,7 @@ print(summary)
 
 # COMMAND ----------
 
-scored = read_input(output_table, spark)
+scored = read_source(source_of(output_table), spark)
 display(scored.groupBy("segment_status").count())
 display(scored.limit(100))
 
@@ -51,7 +51,7 @@ import mlflow
 
 model = mlflow.pyfunc.load_model(model_uri)
 columns = model.metadata.get_input_schema().input_names()
-sample = read_input(input_table, spark).limit(1000).toPandas()
+sample = read_source(source_of(input_table), spark).limit(1000).toPandas()
 predictions = model.predict(sample)
 display(sample.assign(prediction=predictions.to_numpy()).head(100))
 
@@ -68,7 +68,7 @@ from pyspark.sql import functions as F
 result_type = model.metadata.get_output_schema().inputs[0].type.to_spark()
 predict_udf = mlflow.pyfunc.spark_udf(spark, model_uri, result_type=result_type,
                                       env_manager="local")
-with_udf = read_input(input_table, spark).withColumn(
+with_udf = read_source(source_of(input_table), spark).withColumn(
     "prediction", predict_udf(*[F.col(c) for c in columns])
 )
 display(with_udf.limit(100))

@@ -91,8 +91,11 @@ def test_shipped_job_configs_are_valid():
 
 
 def test_invalid_sklearn_settings_are_refused_before_any_cluster():
+    from raybricks import kinds
     from raybricks.config import CandidateConfig
-    from raybricks.models import check_candidate
+
+    def check_candidate(candidate):
+        kinds.of(candidate).check()
 
     ridge = {"name": "ridge", "kind": "sklearn", "estimator": "sklearn.linear_model.Ridge"}
     check_candidate(CandidateConfig(**ridge, search={"alpha": {"low": 0.01, "high": 10}}))

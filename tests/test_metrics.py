@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from sklearn import metrics as sk
 
-from raybricks.training import metrics
+from raybricks import metrics
 
 rng = np.random.default_rng(3)
 Y = rng.normal(loc=5, size=200)
@@ -28,7 +28,7 @@ PROBA2[:, 1] = 1 - PROBA2[:, 0]
     ],
 )
 def test_regression_metrics(name, reference):
-    assert metrics.score(name, Y, PRED) == pytest.approx(reference(Y, PRED))
+    assert metrics.metric(name).score(Y, PRED) == pytest.approx(reference(Y, PRED))
 
 
 def test_smape_and_zero_actuals():
@@ -49,6 +49,54 @@ def test_classification_metrics():
 
 
 def test_loss_orders_every_metric_lower_is_better():
-    assert metrics.loss("r2", 0.9) < metrics.loss("r2", 0.5)
-    assert metrics.loss("rmse", 0.5) < metrics.loss("rmse", 0.9)
-    assert metrics.loss("auc", float("nan")) == float("inf")
+    assert metrics.metric("r2").loss(0.9) < metrics.metric("r2").loss(0.5)
+    assert metrics.metric("rmse").loss(0.5) < metrics.metric("rmse").loss(0.9)
+    assert metrics.metric("auc").loss(float("nan")) == float("inf")
+
+
+NAN = float("nan")
+
+
+def test_metric_directions_and_missing_values():
+    rmse, auc = metrics.metric("rmse"), metrics.metric("auc")
+    assert not rmse.greater_is_better and auc.greater_is_better
+    # strictly better; a missing value is never better, anything beats a missing one
+    assert rmse.better(0.5, 0.9) and not rmse.better(0.9, 0.5) and not rmse.better(0.5, 0.5)
+    assert auc.better(0.9, 0.5) and not auc.better(0.5, 0.9) and not auc.better(0.5, 0.5)
+    for m in (rmse, auc):
+        assert not m.better(NAN, 0.5) and not m.better(None, 0.5)
+        assert m.better(0.5, NAN) and m.better(0.5, None)
+        assert not m.better(NAN, NAN)
+    # at least as good; False against NaN
+    assert rmse.not_worse(0.5, 0.5) and rmse.not_worse(0.4, 0.5)
+    assert not rmse.not_worse(0.6, 0.5)
+    assert auc.not_worse(0.5, 0.5) and auc.not_worse(0.6, 0.5)
+    assert not auc.not_worse(0.4, 0.5)
+    assert not rmse.not_worse(NAN, 0.5) and not auc.not_worse(0.5, NAN)
+
+
+def test_metric_beats_share_and_weights():
+    rmse, auc = metrics.metric("rmse"), metrics.metric("auc")
+    values, base = [0.5, 0.9, NAN, 0.7], [0.6, 0.8, 0.5, 0.7]
+    assert rmse.beats(values, base) == pytest.approx(0.25)  # NaN and ties are no wins
+    assert auc.beats(values, base) == pytest.approx(0.25)
+    assert auc.beats([0.9, 0.9], [0.5, NAN]) == pytest.approx(0.5)
+    assert np.isnan(rmse.beats([], []))
+    # weights sum to one; smaller-is-better weighs by the inverse, NaN gets EPS
+    assert rmse.weights([1.0, 3.0]) == pytest.approx([0.75, 0.25])
+    assert auc.weights([0.6, 0.2]) == pytest.approx([0.75, 0.25])
+    assert sum(rmse.weights([1.0, NAN])) == pytest.approx(1.0)
+    assert rmse.weights([1.0, NAN])[1] == pytest.approx(metrics.EPS / (1 + metrics.EPS))
+    assert auc.weights([-0.5, NAN]) == pytest.approx([0.5, 0.5])  # both clipped to EPS
+    assert rmse.best([0.9, NAN, 0.5], lambda v: v) == 0.5
+    assert auc.best([0.5, NAN, 0.9], lambda v: v) == 0.9
+
+
+def test_metric_lookup_and_registry():
+    assert metrics.metric("rmse") is metrics.METRICS["rmse"]
+    assert metrics.metric(metrics.METRICS["f1"]) is metrics.METRICS["f1"]
+    with pytest.raises(ValueError, match="unknown metric 'nope'"):
+        metrics.metric("nope")
+    for task, name in metrics.DEFAULT_METRIC.items():
+        assert metrics.metric(name).fits(task)
+    assert metrics.metric("auc").fits("binary") and not metrics.metric("auc").fits("regression")

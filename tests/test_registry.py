@@ -14,7 +14,7 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
-from raybricks import packaging, registry
+from raybricks import packaging, tracking
 from raybricks.data import to_ray_dataset
 from raybricks.errors import ConfigError
 from raybricks.segmented_model import SegmentModel, SegmentStore, library_version_problem
@@ -45,7 +45,7 @@ def shops_result(shops_ds, tmp_path_factory):
 def shops_publication(shops_result, tmp_path_factory):
     config = job(tmp_path_factory.mktemp("cfg"), models=STRONG, ensemble="weighted",
                  fallback="global", registry={"name": "tests.shops.model"})
-    return registry.publish(shops_result, config)
+    return tracking.publish(shops_result, config)
 
 
 def member_prediction(result, store: str, frame: pd.DataFrame) -> np.ndarray:
@@ -123,7 +123,8 @@ import mlflow, pandas as pd
 model = mlflow.pyfunc.load_model("models:/tests.shops.model@champion")
 frame = pd.read_parquet({str(tmp_path / 'input.parquet')!r})
 model.predict(frame).to_frame().to_parquet({str(tmp_path / 'out.parquet')!r})
-print("raybricks imported:", any(m.startswith("raybricks") for m in sys.modules))
+print("raybricks imported:", any(m == "raybricks" or m.startswith("raybricks.")
+                                  for m in sys.modules))
 """
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=300)
@@ -209,7 +210,7 @@ def test_classification_returns_classes_or_probabilities(ray_on_spark, spark,
                  validation={"method": "holdout", "metric": "logloss"},
                  registry={"name": "tests.classes.model"})
     result = train_segments(ds, config)
-    publication = registry.publish(result, config)
+    publication = tracking.publish(result, config)
     model = mlflow.pyfunc.load_model(f"models:/tests.classes.model/{publication.version}")
     labels = model.predict(data)
     assert set(labels) <= {"maybe", "no", "yes"} and len(labels) == len(data)
@@ -227,7 +228,7 @@ def published_champion(result, tmp_path_factory, name: str, rule: str):
     """The strong candidates' config under ``name`` and ``rule``, published first."""
     config = job(tmp_path_factory.mktemp("cfg"), models=STRONG,
                  registry={"name": name, "promote": rule})
-    return config, registry.publish(result, config)
+    return config, tracking.publish(result, config)
 
 
 def test_promotion_if_better_keeps_a_worse_champion_and_always_replaces_it(
@@ -239,7 +240,7 @@ def test_promotion_if_better_keeps_a_worse_champion_and_always_replaces_it(
     weak_result = trained(shops_ds, tmp_path_factory, models=WEAK)
     weak = job(tmp_path_factory.mktemp("cfg"), models=WEAK,
                registry={"name": name, "promote": "if_better"})
-    second = registry.publish(weak_result, weak)
+    second = tracking.publish(weak_result, weak)
     assert second.decision["decision"] == "kept"
     comparison = second.decision["comparison"]
     assert comparison["common_segments"] == 8
@@ -253,7 +254,7 @@ def test_promotion_if_better_keeps_a_worse_champion_and_always_replaces_it(
     assert run.data.metrics["promotion_common_segments"] == 8
     always = weak.model_copy(update={"registry": weak.registry.model_copy(
         update={"promote": "always"})})
-    third = registry.publish(weak_result, always)
+    third = tracking.publish(weak_result, always)
     assert third.champion_version == third.version != first.version
 
 
@@ -270,7 +271,7 @@ def test_promotion_merge_takes_the_better_model_per_segment(
         spark.createDataFrame(data[data.store.isin(["s0", "s1", "s2", "s3", "few"])]),
         ["store"])
     weak_result = trained(weak_ds, tmp_path_factory, models=WEAK)
-    second = registry.publish(weak_result, strong)
+    second = tracking.publish(weak_result, strong)
     assert second.decision["decision"] == "merged"
     merged = second.champion_version
     assert merged not in (first.version, second.version)
@@ -280,22 +281,22 @@ def test_promotion_merge_takes_the_better_model_per_segment(
     rows = data[data.store == "s2"]
     np.testing.assert_allclose(model.predict(rows), member_prediction(shops_result, "s2", rows))
     # re-registering the same run is idempotent: the same versions come back
-    again = registry.register_run(second.run_id, strong)
+    again = tracking.register_run(second.run_id, strong)
     assert again.version == second.version and again.champion_version == merged
 
 
 def test_unity_catalog_names_are_checked_before_work(tmp_path):
     config = job(tmp_path, registry={"name": "just_a_name"})
     with pytest.raises(ConfigError, match="catalog.schema.model"):
-        registry.check_registry_name(config, "databricks-uc")
-    registry.check_registry_name(config, "sqlite:///x.db")  # any name elsewhere
+        tracking.check_registry_name(config, "databricks-uc")
+    tracking.check_registry_name(config, "sqlite:///x.db")  # any name elsewhere
 
 
 def test_flattened_params_stay_within_mlflow_limits():
-    flat = registry.flatten({"models": [{"name": "a", "params": {"x": "y" * 9000}}],
+    flat = tracking.run.flatten({"models": [{"name": "a", "params": {"x": "y" * 9000}}],
                              "segment_by": ["s", "t"]})
     assert flat["segment_by"] == '["s", "t"]'
-    assert len(flat["models.0.params.x"]) == registry.PARAM_VALUE_LIMIT
+    assert len(flat["models.0.params.x"]) == tracking.run.PARAM_VALUE_LIMIT
     assert json.loads(flat["segment_by"]) == ["s", "t"]
 
 
@@ -323,9 +324,10 @@ def test_ten_thousand_segment_model_round_trip(shops_result, tmp_path, capsys):
     start = time.perf_counter()
     packaged = packaging.write_segments(tmp_path / "segments", manifest, index, many, None)
     with mlflow.start_run():
-        info = registry.log_segmented_model(packaged, helpers.shops().head(5).assign(
+        info = tracking.model.log_segmented_model(packaged, helpers.shops().head(5).assign(
             store="k00000"), "segmented_model")
-    version = registry.register(info.model_uri, "tests.many.model", info.run_id, {}, "x")
+    version = tracking.registration.register(info.model_uri, "tests.many.model", info.run_id,
+                                             {}, "x")
     logged = time.perf_counter() - start
     model = mlflow.pyfunc.load_model(f"models:/tests.many.model/{version.version}")
     frame = helpers.shops().sample(3000, replace=True, random_state=0).reset_index(
@@ -349,22 +351,22 @@ def test_tracking_defaults_local_sqlite_databricks_and_env(monkeypatch, tmp_path
         monkeypatch.delenv(name, raising=False)
     monkeypatch.chdir(tmp_path)
     try:
-        local = registry.configure_tracking()
+        local = tracking.configure_tracking()
         assert local.tracking_uri == local.registry_uri == f"sqlite:///{tmp_path}/mlflow.db"
         config = job(tmp_path, tracking={"experiment": "defaults"})
-        with mlflow.start_run(experiment_id=registry.experiment_id(config, local)):
+        with mlflow.start_run(experiment_id=tracking.experiment_id(config, local)):
             mlflow.log_dict({"a": 1}, "a.json")
         assert (tmp_path / "mlflow.db").exists()
         assert list((tmp_path / "mlruns").rglob("a.json"))  # artifacts in ./mlruns
         for name in ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI"):  # mlflow sets them too
             monkeypatch.delenv(name, raising=False)
         monkeypatch.setenv("DATABRICKS_RUNTIME_VERSION", "15.4")
-        workspace = registry.configure_tracking()
+        workspace = tracking.configure_tracking()
         assert (workspace.tracking_uri, workspace.registry_uri) == ("databricks",
                                                                     "databricks-uc")
         monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/other.db")
         monkeypatch.setenv("MLFLOW_REGISTRY_URI", f"sqlite:///{tmp_path}/registry.db")
-        chosen = registry.configure_tracking()
+        chosen = tracking.configure_tracking()
         assert chosen.tracking_uri.endswith("other.db")
         assert mlflow.get_registry_uri().endswith("registry.db")
     finally:

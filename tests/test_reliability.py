@@ -22,7 +22,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from raybricks import packaging, pipeline, registry
+from raybricks import packaging, pipeline, tracking
 from raybricks.config import JobConfig
 from raybricks.data import count_segments, to_ray_dataset
 from raybricks.errors import ConfigError, DataError
@@ -257,14 +257,14 @@ def test_mlflow_failing_mid_registration_leaves_nothing_and_the_retry_succeeds(
 
     name = "tests.reliability.rollback"
     config = fault_job(tmp_path, registry={"name": name, "promote": "if_better"})
-    first = registry.publish(small_result, config)
+    first = tracking.publish(small_result, config)
     client = MlflowClient()
     location = stored_location(client.get_model_version(name, first.version).source)
     stored = Path(urlparse(location).path if "://" in location else location)
     hidden = stored.with_name(stored.name + ".unavailable")
     stored.rename(hidden)  # the champion's artifacts vanish: comparing with it fails
     try:
-        with pytest.raises(registry.RegistryError) as failure:
+        with pytest.raises(tracking.RegistryError) as failure:
             pipeline.publish(small_result, config)
     finally:
         hidden.rename(stored)
@@ -275,7 +275,7 @@ def test_mlflow_failing_mid_registration_leaves_nothing_and_the_retry_succeeds(
     for alias in ("champion", "challenger"):
         assert str(client.get_model_version_by_alias(name, alias).version) == first.version
     run_id = re.search(r"register_run\('([0-9a-f]+)', config\)", message).group(1)
-    retried = registry.register_run(run_id, config)
+    retried = tracking.register_run(run_id, config)
     assert retried.version != first.version
     assert str(client.get_model_version_by_alias(name, "challenger").version) == \
         retried.version
@@ -289,7 +289,7 @@ def test_mlflow_unreachable_says_how_to_publish_without_retraining(
         env.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:9")  # nothing listens there
         env.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
         env.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "5")
-        with pytest.raises(registry.RegistryError) as failure:
+        with pytest.raises(tracking.RegistryError) as failure:
             pipeline.publish(small_result, config)
     message = str(failure.value)
     assert "nothing was registered and no alias moved" in message

@@ -25,12 +25,12 @@ MODEL = "tests.scoring.model"
 
 @pytest.fixture(scope="module")
 def champion(shops_result, tmp_path_factory):  # noqa: F811
-    from raybricks import registry
+    from raybricks import tracking
     from tests.test_registry import STRONG
 
     config = job(tmp_path_factory.mktemp("cfg"), models=STRONG, fallback="global",
                  registry={"name": MODEL, "promote": "always"})
-    publication = registry.publish(shops_result, config)
+    publication = tracking.publish(shops_result, config)
     return f"models:/{MODEL}@champion", publication
 
 

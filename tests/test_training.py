@@ -12,8 +12,7 @@ import pytest
 from raybricks.config import JobConfig
 from raybricks.data import to_ray_dataset
 from raybricks.errors import ConfigError, DataError
-from raybricks.models import load
-from raybricks.segmented_model import SegmentModel
+from raybricks.segmented_model import MemberModel, SegmentModel
 from raybricks.training import train_segments
 from raybricks.training.segment import make_plan, train_segment
 from tests import helpers
@@ -208,7 +207,7 @@ def test_large_segment_goes_through_ray_train(ray_on_spark, spark, tmp_path):
     models = result.models().to_pandas()
     member = models[models.store == "big"].iloc[0]
     assert json.loads(member.params)["learning_rate"] == 0.3
-    model = load(member.kind, member.payload, json.loads(member.meta))
+    model = MemberModel(member.kind, member.payload, json.loads(member.meta))
     prediction = model.predict(pd.DataFrame({"x1": [1.0], "x2": [0.0], "color": ["red"]}))
     assert abs(prediction[0] - 3.0) < 0.5
 

@@ -6,9 +6,9 @@ from raybricks.data import SegmentedDataset, to_ray_dataset
 from raybricks.errors import ClusterError, ConfigError, DataError, RaybricksError, SetupError
 from raybricks.flights_demo import run as demo
 from raybricks.pipeline import train
-from raybricks.registry import Publication, RegistryError, publish, register_run
 from raybricks.scoring import ScoreSummary, score
 from raybricks.session import local_spark_session
+from raybricks.tracking import Publication, RegistryError, publish, register_run
 from raybricks.training import TrainingResult, train_segments
 
 __version__ = "0.1.0"

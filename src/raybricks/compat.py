@@ -119,12 +119,11 @@ def _value_at(data: Any, loc: list) -> Any:
 # under ``.v2`` and Tune trials report through ``ray.train``; newer Ray moved both.
 
 
-def boosting_trainer(library: str) -> type:
-    """Ray Train's data-parallel trainer for ``xgboost`` or ``lightgbm`` that runs a
+def boosting_trainer(library: str, name: str) -> type:
+    """Ray Train's data-parallel trainer ``name`` of ``ray.train.<library>`` that runs a
     per-worker training loop."""
     import importlib
 
-    name = {"xgboost": "XGBoostTrainer", "lightgbm": "LightGBMTrainer"}[library]
     for module in (f"ray.train.{library}", f"ray.train.{library}.v2"):  # newest first
         try:
             trainer = getattr(importlib.import_module(module), name)

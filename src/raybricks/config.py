@@ -23,6 +23,7 @@ from raybricks.compat import (
     validation_problems,
 )
 from raybricks.errors import ConfigError
+from raybricks.metrics import DEFAULT_METRIC, METRICS
 
 ClusterMode = Literal["auto", "spark", "address", "local"]
 
@@ -77,20 +78,6 @@ class ClusterConfig(StrictModel):
 # --------------------------------------------------------------------------- job config
 
 Task = Literal["regression", "binary", "multiclass"]
-METRICS: dict[str, dict] = {
-    # name: tasks it fits, and whether larger is better
-    "rmse": {"tasks": {"regression"}, "greater_is_better": False},
-    "mae": {"tasks": {"regression"}, "greater_is_better": False},
-    "mape": {"tasks": {"regression"}, "greater_is_better": False},
-    "smape": {"tasks": {"regression"}, "greater_is_better": False},
-    "r2": {"tasks": {"regression"}, "greater_is_better": True},
-    "logloss": {"tasks": {"binary", "multiclass"}, "greater_is_better": False},
-    "auc": {"tasks": {"binary", "multiclass"}, "greater_is_better": True},
-    "accuracy": {"tasks": {"binary", "multiclass"}, "greater_is_better": True},
-    "f1": {"tasks": {"binary", "multiclass"}, "greater_is_better": True},
-}
-DEFAULT_METRIC = {"regression": "rmse", "binary": "logloss", "multiclass": "logloss"}
-MODEL_KINDS = ("lightgbm", "xgboost", "sklearn", "function")
 
 
 class SourceConfig(StrictModel):
@@ -144,9 +131,10 @@ class ResourcesConfig(StrictModel):
 class CandidateConfig(StrictModel):
     """One candidate model kind, fitted for every segment.
 
-    ``kind``: lightgbm | xgboost | sklearn (``estimator``: import path of an estimator
-    class or a factory returning one) | function (``function``: import path of
-    ``fit(X, y, params) -> estimator with predict``). ``search`` maps a parameter to a
+    ``kind``: lightgbm | xgboost | catboost | sklearn (``estimator``: import path of an
+    estimator class or a factory returning one) | function (``function``: import path of
+    ``fit(X, y, params) -> estimator with predict``) | the import path of a
+    ``raybricks.kinds.ModelKind`` subclass. ``search`` maps a parameter to a
     list of values (grid) or a range; ``trials`` caps the number of sampled settings.
     """
 
@@ -161,20 +149,16 @@ class CandidateConfig(StrictModel):
 
     @after_validator
     def _check(self) -> CandidateConfig:
-        if self.kind not in MODEL_KINDS:
-            raise ValueError(
-                f"models[{self.name}].kind={self.kind!r} is unknown; allowed: {list(MODEL_KINDS)}"
-            )
-        if self.kind == "sklearn" and not self.estimator:
-            raise ValueError(
-                f"models[{self.name}] of kind sklearn needs estimator: an import path such as "
-                "sklearn.linear_model.Ridge"
-            )
-        if self.kind == "function" and not self.function:
-            raise ValueError(
-                f"models[{self.name}] of kind function needs function: an import path of "
-                "fit(X, y, params) returning a fitted model"
-            )
+        from raybricks import kinds
+
+        try:
+            kind = kinds.resolve(self.kind)
+        except ValueError as exc:
+            prefix = f"kind {self.kind!r} "
+            reason = str(exc)
+            reason = f" {reason[len(prefix):]}" if reason.startswith(prefix) else f": {reason}"
+            raise ValueError(f"models[{self.name}].kind={self.kind!r}{reason}") from exc
+        kind.check_config(self)
         for key, space in self.search.items():
             if isinstance(space, list) and not space:
                 raise ValueError(
@@ -257,8 +241,8 @@ class JobConfig(StrictModel):
             raise ValueError(
                 f"validation.metric={metric!r} is unknown; allowed: {sorted(METRICS)}"
             )
-        if self.task not in METRICS[metric]["tasks"]:
-            fitting = sorted(m for m, info in METRICS.items() if self.task in info["tasks"])
+        if not METRICS[metric].fits(self.task):
+            fitting = sorted(name for name, m in METRICS.items() if m.fits(self.task))
             raise ValueError(
                 f"validation.metric={metric!r} does not fit task={self.task!r}; use one of "
                 f"{fitting}"

@@ -66,6 +66,7 @@ from raybricks.databricks import (
     unstable_workers,
 )
 from raybricks.errors import DataError
+from raybricks.sources import read_source
 
 if TYPE_CHECKING:
     import ray.data
@@ -124,27 +125,6 @@ class SegmentedDataset:
 
 
 # --------------------------------------------------------------------------- input
-
-
-def resolve_source(source: DataFrame | str, spark: SparkSession | None = None) -> DataFrame:
-    """A DataFrame as given, or the table with that name (``cat.schema.tbl``)."""
-    if not isinstance(source, str):
-        return source
-    from pyspark.errors import AnalysisException
-
-    if spark is None:
-        from raybricks.session import active_spark
-
-        spark = active_spark()
-    if spark is None:
-        raise DataError(f"cannot read table {source!r}: no active SparkSession")
-    try:
-        return spark.table(source)
-    except AnalysisException as exc:
-        raise DataError(
-            f"table {source!r} not found ({_first_line(exc)}): check the name "
-            "(catalog.schema.table) and that it exists, e.g. with SHOW TABLES"
-        ) from exc
 
 
 def select_and_filter(
@@ -650,7 +630,7 @@ def to_ray_dataset(
             "Ray is not running: start it first with raybricks.cluster.ray_cluster() "
             "(or start_ray())"
         )
-    df = resolve_source(source, spark)
+    df = read_source(source, spark)
     df = select_and_filter(df, segment_by, columns, where)
     segment_by = [df.columns[i] for i in range(len(list(segment_by)))]
     num_rows = df.count()

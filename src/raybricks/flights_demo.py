@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING
 
 from raybricks.config import JobConfig
 from raybricks.errors import SetupError
+from raybricks.metrics import metric
 from raybricks.session import save_table
-from raybricks.training.engine import beats_baseline
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -133,7 +133,7 @@ def report(result: TrainingResult, holdout: dict[str, float], stages: Stages,
             f"validation {m} (minutes, last weeks of Jan-Oct, per route):",
             f"  model    median {model.median():6.2f}   p90 {model.quantile(0.9):6.2f}",
             f"  baseline median {base.median():6.2f}   p90 {base.quantile(0.9):6.2f}"
-            f"   (model better on {beats_baseline(model, base, m):.0%} of routes)",
+            f"   (model better on {metric(m).beats(model, base):.0%} of routes)",
             "winning candidate: " + ", ".join(f"{k} {v}" for k, v in winners.items()),
         ]
     lines += [

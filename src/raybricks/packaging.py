@@ -20,12 +20,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from raybricks import kinds, metrics
 from raybricks.data import segment_starts
 from raybricks.segmented_model import (
     CLASSIFICATION,
     FALLBACK,
     INDEX,
-    LIBRARIES,
     MANIFEST,
     SHARDS,
     installed_version,
@@ -34,7 +34,6 @@ from raybricks.segmented_model import (
     trained_versions,
 )
 from raybricks.training.engine import TrainingResult, read_parts, rows_to_table
-from raybricks.training.metrics import greater_is_better
 
 FORMAT_VERSION = 1
 SEGMENTS_PER_ROW_GROUP = 256
@@ -105,17 +104,23 @@ def _classes(models: pa.Table, fallback: pa.Table | None) -> list:
     return sorted(found, key=lambda v: (str(type(v)), v))
 
 
-def library_versions(tables: list[pa.Table | None], recorded: dict[str, Any] | None = None
-                     ) -> dict[str, str | list[str]]:
-    """Per library the members of ``tables`` are stored with, the version(s) they were
-    trained with: as ``recorded`` (a merge keeps both models'), else the one installed
-    here, the driver's, which is also what the model's requirements pin."""
-    kinds = set()
+def stored_kinds(tables: list[pa.Table | None]) -> list[str]:
+    """The kinds of the members of ``tables``."""
+    stored = set()
     for table in tables:
         if table is not None and table.num_rows and "kind" in table.column_names:
-            kinds |= set(pc.unique(table.column("kind")).to_pylist())
+            stored |= set(pc.unique(table.column("kind")).to_pylist())
+    return sorted(stored)
+
+
+def library_versions(stored: list[str], recorded: dict[str, Any] | None = None
+                     ) -> dict[str, str | list[str]]:
+    """Per library the members of the ``stored`` kinds are stored with, the version(s)
+    they were trained with: as ``recorded`` (a merge keeps both models'), else the one
+    installed here, the driver's, which is also what the model's requirements pin."""
     versions = {}
-    for library in sorted({LIBRARIES[k] for k in kinds if k in LIBRARIES}):
+    libraries = {kinds.resolve(kind).library for kind in stored}
+    for library in sorted(name for name in libraries if name):
         version = (recorded or {}).get(library) or installed_version(library)
         if version:
             versions[library] = version
@@ -157,9 +162,11 @@ def write_segments(
     pq.write_table(index, directory / INDEX)
     if fallback is not None and fallback.num_rows:
         pq.write_table(fallback, directory / FALLBACK)
+    stored = stored_kinds([models, fallback])
     manifest = manifest | {
         "has_fallback": fallback is not None and fallback.num_rows > 0,
-        "libraries": library_versions([models, fallback], manifest.get("libraries")),
+        "kinds": stored,
+        "libraries": library_versions(stored, manifest.get("libraries")),
     }
     (directory / MANIFEST).write_text(json.dumps(manifest, indent=2, default=str))
     with_model = sum(1 for w in where if w[0] >= 0)
@@ -204,9 +211,7 @@ class Comparison:
     def not_worse(self) -> bool:
         if self.common == 0:
             return True
-        if greater_is_better(self.metric):
-            return self.challenger >= self.champion
-        return self.challenger <= self.champion
+        return metrics.metric(self.metric).not_worse(self.challenger, self.champion)
 
     def as_dict(self) -> dict[str, Any]:
         return {"metric": self.metric, "common_segments": self.common,
@@ -220,15 +225,6 @@ def _trained_metrics(index: pa.Table, segment_by: list[str]) -> dict[tuple, floa
                     strict=True))
 
 
-def _better(metric: str, a: float | None, b: float | None) -> bool:
-    """True when ``a`` is strictly better than ``b`` (a missing value is never better)."""
-    if a is None or a != a:
-        return False
-    if b is None or b != b:
-        return True
-    return a > b if greater_is_better(metric) else a < b
-
-
 def compare(challenger: Path, champion: Path) -> Comparison:
     """Compare two segmented models on the segments both trained."""
     manifest = json.loads((Path(challenger) / MANIFEST).read_text())
@@ -238,7 +234,8 @@ def compare(challenger: Path, champion: Path) -> Comparison:
     common = [k for k in new if k in old and new[k] == new[k] and old[k] == old[k]]
     mean_new = sum(new[k] for k in common) / len(common) if common else float("nan")
     mean_old = sum(old[k] for k in common) / len(common) if common else float("nan")
-    wins = sum(_better(metric, new[k], old[k]) for k in common)
+    better = metrics.metric(metric).better
+    wins = sum(better(new[k], old[k]) for k in common)
     return Comparison(metric, len(common), mean_new, mean_old, wins)
 
 
@@ -260,7 +257,8 @@ def merge_segments(
     new_index, old_index = read_index(challenger), read_index(champion)
     new = _trained_metrics(new_index, segment_by)
     old = _trained_metrics(old_index, segment_by)
-    from_old = {k for k in old if k not in new or _better(metric, old[k], new[k])}
+    better = metrics.metric(metric).better
+    from_old = {k for k in old if k not in new or better(old[k], new[k])}
     index_columns = list(segment_by) + list(INDEX_COLUMNS)
     new_rows = _drop_keys(new_index.select(index_columns), segment_by, from_old)
     old_rows = _keep_keys(old_index.select(index_columns), segment_by, from_old)

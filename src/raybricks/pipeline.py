@@ -14,12 +14,13 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
+from raybricks import kinds
 from raybricks.cluster import ray_cluster, spark_session
 from raybricks.compat import arrow_schema
-from raybricks.config import JobConfig, SourceConfig
-from raybricks.data import count_segments, resolve_source, select_and_filter, to_ray_dataset
+from raybricks.config import JobConfig
+from raybricks.data import count_segments, select_and_filter, to_ray_dataset
 from raybricks.errors import DataError, RaybricksError
-from raybricks.models import check_candidate
+from raybricks.sources import read_source
 from raybricks.training import TrainingResult, train_segments
 from raybricks.training.segment import make_plan
 
@@ -31,24 +32,6 @@ log = logging.getLogger(__name__)
 
 class AccountingError(RaybricksError):
     """The result does not hold exactly one row per distinct segment of the source."""
-
-
-def read_source(source: SourceConfig, spark: SparkSession) -> DataFrame:
-    """The source as a Spark DataFrame: a table by name, or files at a path."""
-    if source.table:
-        return resolve_source(source.table, spark)
-    from pyspark.errors import AnalysisException
-
-    reader = spark.read.format(source.format)
-    if source.format == "csv":
-        reader = reader.option("header", "true").option("inferSchema", "true")
-    try:
-        return reader.load(source.path)
-    except AnalysisException as exc:
-        raise DataError(
-            f"cannot read {source.format} at source.path={source.path!r}: "
-            f"{str(exc).splitlines()[0]}"
-        ) from exc
 
 
 def check_target(df: DataFrame, target: str, where: str | None) -> None:
@@ -94,14 +77,14 @@ def train(
 ) -> TrainingResult:
     """Train every segment of the configured source, then (``register``) log one MLflow
     run and register the model; ``result.publication`` says what the registry did."""
-    from raybricks import registry
+    from raybricks import tracking
 
     timings: dict[str, float] = {}
     start = time.perf_counter()
     for candidate in config.models:
-        check_candidate(candidate)
+        kinds.of(candidate).check()
     if register:
-        registry.check_registry_name(config, registry.configure_tracking().registry_uri)
+        tracking.check_registry_name(config, tracking.configure_tracking().registry_uri)
     spark = spark or spark_session()
     columns = list(dict.fromkeys(
         (config.features or []) + [config.target]
@@ -134,16 +117,16 @@ def train(
 
 
 def publish(result: TrainingResult, config: JobConfig):
-    """``registry.publish``; a failure says how to retry without training again."""
-    from raybricks import registry
+    """``tracking.publish``; a failure says how to retry without training again."""
+    from raybricks import tracking
 
     try:
-        return registry.publish(result, config)
-    except registry.RegistryError:
+        return tracking.publish(result, config)
+    except tracking.RegistryError:
         raise  # already says what to retry (register_run with the MLflow run)
     except Exception as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        raise registry.RegistryError(
+        raise tracking.RegistryError(
             f"publishing run {result.run_id} to MLflow failed ({type(exc).__name__}: "
             f"{first}); nothing was registered and no alias moved. The training results "
             f"are kept in {result.run_dir}: once MLflow is reachable, rerun with --set "

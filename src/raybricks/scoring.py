@@ -23,7 +23,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from raybricks.config import SourceConfig
 from raybricks.data import lay_out_by_segment
 from raybricks.errors import DataError, RaybricksError
 from raybricks.segmented_model import (
@@ -34,6 +33,7 @@ from raybricks.segmented_model import (
     prediction_type,
 )
 from raybricks.session import save_table
+from raybricks.sources import read_source, source_of
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -92,32 +92,15 @@ def download_model(model_uri: str, directory: str) -> Path:
         ) from exc
 
 
-def file_format(name_or_path: str) -> str | None:
-    """``parquet`` or ``csv`` for a path (a ``/`` or a file suffix), None for a table."""
-    if "/" in name_or_path or name_or_path.endswith((".parquet", ".csv")):
-        return "csv" if name_or_path.rstrip("/").endswith(".csv") else "parquet"
-    return None
-
-
-def read_input(name_or_path: str, spark: SparkSession) -> DataFrame:
-    """A table by name, or Parquet / CSV files at a path."""
-    from raybricks.pipeline import read_source
-
-    fmt = file_format(name_or_path)
-    if fmt:
-        return read_source(SourceConfig(path=name_or_path, format=fmt), spark)
-    return read_source(SourceConfig(table=name_or_path), spark)
-
-
 def write_output(df: DataFrame, name_or_path: str) -> None:
-    """Overwrite a table by name, or Parquet / CSV files at a path."""
-    fmt = file_format(name_or_path)
-    if fmt == "csv":
-        df.write.mode("overwrite").option("header", "true").csv(name_or_path)
-    elif fmt == "parquet":
-        df.write.mode("overwrite").parquet(name_or_path)
-    else:
+    """Overwrite a table by name, or Parquet / CSV files at a path (``source_of``)."""
+    target = source_of(name_or_path)
+    if target.table:
         save_table(df, name_or_path)
+    elif target.format == "csv":
+        df.write.mode("overwrite").option("header", "true").csv(name_or_path)
+    else:
+        df.write.mode("overwrite").parquet(name_or_path)
 
 
 def output_fields(manifest: dict, probabilities: bool) -> list[tuple[str, str]]:
@@ -172,7 +155,7 @@ def score(
     ScoreSummary returned; without, the scored Spark DataFrame is returned (lazy).
     """
     from raybricks.cluster import spark_session
-    from raybricks.registry import configure_tracking
+    from raybricks.tracking import configure_tracking
 
     start = time.perf_counter()
     configure_tracking()
@@ -191,7 +174,7 @@ def score(
     versions = library_version_problem(manifest, model_uri)
     if versions:  # once, here: not in every task that loads the model's members
         log.warning("%s", versions)
-    df = input if not isinstance(input, str) else read_input(input, spark)
+    df = input if not isinstance(input, str) else read_source(source_of(input), spark)
     segment_by = manifest["segment_by"]
     problem = missing_columns(df.columns, segment_by, manifest["features"])
     if problem:
@@ -211,7 +194,7 @@ def score(
     write_output(scored, output)
     from pyspark.sql import functions as F
 
-    written = read_input(output, spark)
+    written = read_source(source_of(output), spark)
     unscored = (F.col("prediction").isNull() if "prediction" in written.columns
                 else F.lit(False))  # probabilities: a row is never without them
     per_status = written.groupBy("segment_status").agg(

@@ -1,17 +1,17 @@
 """Predicting with stored per-segment models, importing nothing from raybricks.
 
-Every fitted model is stored in its library's own format: LightGBM's model text,
-XGBoost's UBJSON, and scikit-learn's pickle (of scikit-learn objects only; kind
-``function``: the pickle of the user's model, whose module the consumer needs). Beside the
+Every fitted model is stored in its library's own format, as its kind
+(``raybricks.kinds``) serialized it; each member's kind loads and predicts it. Beside the
 bytes, a small JSON ``meta`` says how to build the feature matrix: the feature order,
 the categories of each categorical feature, the task and the class labels. The manifest
 records the versions of the model libraries the members were trained with; loading the
 pyfunc where other versions are installed warns once (``LibraryVersionWarning``).
 
 This module is what consumers of the registered model run: MLflow logs this very file as
-the model's code ("models from code"), so it depends only on mlflow, numpy, pandas,
-pyarrow and the model libraries (imported lazily, per kind). Imported as part of
-raybricks, it does not import mlflow.
+the model's code ("models from code") with a copy of ``raybricks.kinds`` beside it (as
+``raybricks_kinds``), so it depends only on mlflow, numpy, pandas, pyarrow and the model
+libraries (imported lazily, per kind). Imported as part of raybricks, it does not import
+mlflow.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import importlib.metadata
 import importlib.util
 import json
 import os
-import pickle
+import sys
 import warnings
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -30,11 +30,33 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-CLASSIFICATION = ("binary", "multiclass")
-#: The library (distribution) whose format stores each kind of member.
-LIBRARIES = {"lightgbm": "lightgbm", "xgboost": "xgboost", "sklearn": "scikit-learn",
-             "function": "scikit-learn"}
+if __name__ == "raybricks.segmented_model":
+    from raybricks import kinds
+else:  # the registered model's code: its copy of raybricks.kinds, shipped beside this file
+    try:
+        import raybricks_kinds as kinds
+    except ImportError:  # MLflow validating the model as raybricks logs it
+        from raybricks import kinds
+
+
+CLASSIFICATION = kinds.CLASSIFICATION
+prepare_features = kinds.prepare_features
 _MODULES = {"scikit-learn": "sklearn"}  # import names that differ from the distribution's
+
+
+def provide_raybricks_kinds() -> None:
+    """Where raybricks is not installed, make ``raybricks.kinds`` this model's copy of it:
+    a user's kind imports its base class from there."""
+    if "raybricks.kinds" in sys.modules:
+        return
+    try:
+        installed = importlib.util.find_spec("raybricks") is not None
+    except ImportError:
+        installed = False
+    if not installed:
+        package = sys.modules.setdefault("raybricks", type(sys)("raybricks"))
+        package.kinds = kinds
+        sys.modules.setdefault("raybricks.kinds", kinds)
 
 
 class LibraryVersionWarning(UserWarning):
@@ -77,98 +99,22 @@ def library_version_problem(manifest: dict[str, Any], model_uri: str | None = No
             f"mlflow.pyfunc.get_model_dependencies({uri}) returns)")
 
 
-def prepare_features(frame: pd.DataFrame, meta: dict[str, Any]) -> pd.DataFrame:
-    """The feature matrix a model was trained on: its columns in its order, numbers as
-    float64, categoricals with exactly the training categories (unseen values -> NaN)."""
-    categorical: dict[str, list] = meta.get("categorical", {})
-    features = meta["features"]
-    plain = [
-        c for c in features
-        if c not in categorical and pd.api.types.is_numeric_dtype(frame[c].dtype)
-        and not pd.api.types.is_datetime64_any_dtype(frame[c].dtype)
-    ]
-    if len(plain) == len(features):  # the common case: one bulk conversion
-        values = frame[plain].to_numpy(dtype="float64", na_value=np.nan, copy=True)
-        values[np.isinf(values)] = np.nan  # infinite values count as missing
-        return pd.DataFrame(values, columns=plain, index=frame.index)
-    columns = {}
-    for name in features:
-        values = frame[name]
-        if name in categorical:
-            columns[name] = pd.Categorical(
-                values.astype("object").where(values.notna(), None), categories=categorical[name]
-            )
-        else:
-            columns[name] = to_float(values)
-    return pd.DataFrame(columns, index=frame.index)
-
-
-def to_float(values: pd.Series) -> np.ndarray:
-    """Numbers, booleans, decimals and datetimes (as epoch seconds) as float64."""
-    if pd.api.types.is_datetime64_any_dtype(values):
-        stamps = pd.to_datetime(values, utc=True)
-        seconds = (stamps - pd.Timestamp(0, tz="UTC")).dt.total_seconds()
-        return seconds.to_numpy(dtype="float64", na_value=np.nan)
-    if values.dtype == object:
-        values = pd.to_numeric(values, errors="coerce")
-    floats = pd.Series(values).astype("float64").to_numpy(na_value=np.nan, copy=True)
-    floats[np.isinf(floats)] = np.nan  # infinite values count as missing
-    return floats
-
-
-def sklearn_input(features: pd.DataFrame, meta: dict[str, Any]) -> pd.DataFrame | np.ndarray:
-    """What scikit-learn models see: missing numbers filled with the training medians;
-    a plain float matrix when there are no categoricals, else a frame whose categoricals
-    are plain objects for the pipeline's one-hot encoder."""
-    fill = meta.get("fill", {})
-    categorical = list(meta.get("categorical", {}))
-    if not categorical:
-        matrix = features.to_numpy(dtype="float64", na_value=np.nan)
-        missing = np.isnan(matrix)
-        if missing.any():
-            medians = np.array([fill.get(c, 0.0) for c in features.columns])
-            matrix = np.where(missing, medians, matrix)
-        return matrix
-    present = {k: v for k, v in fill.items() if k in features.columns}
-    if present and features[list(present)].isna().to_numpy().any():
-        features = features.fillna(present)
-    return features.astype({c: "object" for c in categorical})
-
-
 class MemberModel:
     """One fitted model: ``predict`` gives values (regression) or an (n, k) matrix of
-    class probabilities (classification)."""
+    class probabilities (classification). Its kind loads and predicts."""
 
     def __init__(self, kind: str, payload: bytes, meta: dict[str, Any]) -> None:
-        self.kind = kind
+        if kind not in kinds.BUILTIN:
+            provide_raybricks_kinds()
+        self.kind = kinds.resolve(kind)
         self.meta = meta
         self.task = meta["task"]
         self.n_classes = len(meta.get("classes") or [])
-        if kind == "lightgbm":
-            import lightgbm as lgb
-
-            self.model = lgb.Booster(model_str=payload.decode())
-        elif kind == "xgboost":
-            import xgboost as xgb
-
-            self.model = xgb.Booster()
-            self.model.load_model(bytearray(payload))
-            self.model.set_param({"nthread": 1})
-        else:
-            self.model = pickle.loads(payload)  # noqa: S301 - scikit-learn's own format
+        self.model = self.kind.load(payload, meta)
 
     def predict(self, frame: pd.DataFrame) -> np.ndarray:
         features = prepare_features(frame, self.meta)
-        if self.kind == "lightgbm":
-            raw = self.model.predict(features, num_threads=1)
-        elif self.kind == "xgboost":
-            import xgboost as xgb
-
-            raw = self.model.predict(xgb.DMatrix(features, enable_categorical=True))
-        else:  # sklearn gets its prepared matrix; a user "function" model the frame
-            data = sklearn_input(features, self.meta) if self.kind == "sklearn" else features
-            classify = self.task in CLASSIFICATION
-            raw = self.model.predict_proba(data) if classify else self.model.predict(data)
+        raw = self.kind.predict_loaded(self.model, features, self.meta)
         return self._shape(np.asarray(raw, dtype="float64"))
 
     def _shape(self, raw: np.ndarray) -> np.ndarray:

@@ -40,12 +40,14 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from raybricks import kinds
 from raybricks.compat import thread_limiter
 from raybricks.config import JobConfig
 from raybricks.data import SegmentedDataset, segment_bounds
 from raybricks.errors import ConfigError
-from raybricks.models import check_importable, trial_settings
+from raybricks.metrics import metric
 from raybricks.training import segment as seg
+from raybricks.training.search import trial_settings
 from raybricks.training.segment import FAILED, SKIPPED, TRAINED, Plan
 
 log = logging.getLogger(__name__)
@@ -113,7 +115,7 @@ class TrainingResult:
                 f"mean {values.mean():.4g}"
             )
             base = self.segments.loc[self.segments.status == TRAINED, f"baseline_{self.metric}"]
-            share = beats_baseline(values, base, self.metric)
+            share = metric(self.metric).beats(values, base)
             lines.append(f"beats the naive baseline: {share:.0%}")
         if counts[SKIPPED]:
             lines.append("skipped: " + self.skip_reasons(limit=5))
@@ -124,15 +126,6 @@ class TrainingResult:
             lines.append(f"accounting: {self.accounting['source_segments']} segments in the "
                          "source = trained + skipped + failed")
         return "\n".join(lines)
-
-
-def beats_baseline(values: pd.Series, base: pd.Series, metric: str) -> float:
-    """Share of segments whose ensemble beats the naive baseline on the metric."""
-    from raybricks.training.metrics import greater_is_better
-
-    values, base = values.to_numpy(float), base.to_numpy(float)
-    better = values > base if greater_is_better(metric) else values < base
-    return float(np.mean(better)) if len(values) else float("nan")
 
 
 def write_part(directory: Path, name: str, data: bytes) -> None:
@@ -229,14 +222,8 @@ def train_block(
 def warm_up(plan: Plan) -> None:
     """Import the candidates' libraries and user code before any clock starts: a fresh
     worker's imports are not part of a segment's fit time."""
-    import importlib
-
     for candidate in plan.candidates:
-        if candidate.kind in ("lightgbm", "xgboost"):
-            importlib.import_module(candidate.kind)
-        if candidate.kind == "sklearn" or plan.categorical:
-            importlib.import_module("sklearn.pipeline")
-        check_importable(candidate)
+        kinds.of(candidate).warm_up()
 
 
 def limit_threads(plan: Plan) -> contextlib.AbstractContextManager:

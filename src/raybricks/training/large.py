@@ -1,15 +1,16 @@
-"""Large segments: data-parallel XGBoost / LightGBM with Ray Train.
+"""Large segments: data-parallel training (XGBoost, LightGBM) with Ray Train.
 
 A segment with more rows than ``training.large_segment_rows`` is not trained inside a
 packed task. Its rows are split (the same validation split as any segment) in one task,
-and each ``xgboost`` / ``lightgbm`` candidate is fitted with Ray Train's
-``XGBoostTrainer`` / ``LightGBMTrainer`` across ``training.large_segment_workers``
-workers, evaluated on the validation rows, ensembled as configured, and refitted on all
-rows when ``refit`` is on. Candidates of other kinds are not fitted for large segments
-(the result row says so); with no boosting candidate at all, the segment is trained in
-one task like any other. The results land in the same tables as every other segment.
+and each candidate whose kind trains data-parallel (``ModelKind.data_parallel``: the
+``xgboost`` and ``lightgbm`` kinds) is fitted with the kind's Ray Train trainer across
+``training.large_segment_workers`` workers, evaluated on the validation rows, ensembled
+as configured, and refitted on all rows when ``refit`` is on. Candidates of other kinds
+are not fitted for large segments (the result row says so); with no data-parallel
+candidate at all, the segment is trained in one task like any other. The results land in
+the same tables as every other segment.
 
-A boosting candidate with a ``search`` space is tuned first with Ray Tune: one trial per
+A data-parallel candidate with a ``search`` space is tuned first with Ray Tune: one trial per
 setting (the same grid or seeded random draws as small segments), each a single-worker
 fit on the training rows that reports the validation loss after every boosting round,
 with the ASHA scheduler stopping the poor trials early; the best setting is then fitted
@@ -19,7 +20,6 @@ data-parallel as above.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import tempfile
 import uuid
@@ -30,16 +30,11 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from raybricks.compat import (
-    boosting_trainer,
-    lightgbm_network_params,
-    train_scaling,
-    tune_report,
-    tune_run_config,
-)
+from raybricks import kinds, metrics
+from raybricks.compat import train_scaling, tune_report, tune_run_config
 from raybricks.config import CandidateConfig, JobConfig
-from raybricks.segmented_model import MemberModel, prepare_features
-from raybricks.training import metrics
+from raybricks.kinds import prepare_features
+from raybricks.segmented_model import MemberModel
 from raybricks.training import segment as seg
 from raybricks.training.segment import Plan
 
@@ -47,7 +42,11 @@ log = logging.getLogger(__name__)
 
 LABEL = "__label__"
 MODEL_FILE = "model.bin"
-DATA_PARALLEL_KINDS = ("xgboost", "lightgbm")
+
+
+def data_parallel(candidate: CandidateConfig) -> bool:
+    """Whether the candidate's kind trains data-parallel with Ray Train."""
+    return kinds.resolve(candidate.kind).data_parallel
 
 
 def train_large_segments(refs, large_keys, plan: Plan, config: JobConfig, run_dir: Path):
@@ -76,10 +75,14 @@ def train_one_segment(block: pa.Table, plan: Plan, key: tuple):
 
 def split_segment(block: pa.Table, plan: Plan, key: tuple):
     """Ray task body: the segment's training rows, validation rows, and what the driver
-    needs (model metadata, splits' targets, baseline)."""
+    needs (model metadata, splits' targets, baseline; or only ``skip``, the reason it
+    cannot be trained)."""
     from raybricks.training.engine import segment_rows
 
-    prep = seg.prepare(segment_rows(block, plan, key), plan, key)
+    try:
+        prep = seg.prepare(segment_rows(block, plan, key), plan, key)
+    except seg.Skip as skip:
+        return None, None, {"skip": str(skip)}
     train, valid = prep.splits[0]
     table = pa.Table.from_pandas(prep.X.assign(**{LABEL: prep.y}), preserve_index=False)
     info = {
@@ -89,25 +92,6 @@ def split_segment(block: pa.Table, plan: Plan, key: tuple):
         "baseline": seg.baseline(dataclasses.replace(prep, splits=[(train, valid)]), plan),
     }
     return table.take(train), table.take(valid), info
-
-
-def native_params(candidate: CandidateConfig, task: str, n_classes: int) -> tuple[dict, int]:
-    """Scikit-learn style parameters -> the library's own, and the number of rounds."""
-    params = dict(candidate.params)
-    rounds = int(params.pop("n_estimators", 100))
-    for sklearn_only in ("n_jobs", "random_state", "verbose", "verbosity"):
-        params.pop(sklearn_only, None)
-    if candidate.kind == "xgboost":
-        objective = {"regression": "reg:squarederror", "binary": "binary:logistic",
-                     "multiclass": "multi:softprob"}[task]
-        params = {"objective": objective, "tree_method": "hist", "verbosity": 0} | params
-    else:
-        objective = {"regression": "regression", "binary": "binary",
-                     "multiclass": "multiclass"}[task]
-        params = {"objective": objective, "verbose": -1} | params
-    if task == "multiclass":
-        params["num_class"] = n_classes
-    return params, rounds
 
 
 def worker_shard(config: dict) -> pd.DataFrame:
@@ -141,27 +125,12 @@ def report_model(payload: bytes) -> None:
             ray.train.report({})
 
 
-def _xgboost_worker(config: dict) -> None:
-    """Ray Train worker loop: XGBoost on this worker's shard of the training rows."""
-    import xgboost as xgb
-
+def _train_worker(config: dict) -> None:
+    """Ray Train worker loop: the kind's fit on this worker's shard of the training rows."""
     frame = worker_shard(config)
+    kind = kinds.of(config["candidate"])
     features = prepare_features(frame, config["meta"])
-    dtrain = xgb.DMatrix(features, label=frame[LABEL], enable_categorical=True)
-    booster = xgb.train(config["params"], dtrain, num_boost_round=config["rounds"])
-    report_model(bytes(booster.save_raw("ubj")))
-
-
-def _lightgbm_worker(config: dict) -> None:
-    """Ray Train worker loop: LightGBM on this worker's shard of the training rows."""
-    import lightgbm as lgb
-
-    frame = worker_shard(config)
-    features = prepare_features(frame, config["meta"])
-    params = config["params"] | lightgbm_network_params()
-    dtrain = lgb.Dataset(features, label=frame[LABEL], free_raw_data=False)
-    booster = lgb.train(params, dtrain, num_boost_round=config["rounds"])
-    report_model(booster.model_to_string().encode())
+    report_model(kind.fit_shard(features, frame[LABEL], config["params"], config["rounds"]))
 
 
 def fit_data_parallel(
@@ -172,26 +141,22 @@ def fit_data_parallel(
     (object references to Arrow tables); returns the native model bytes."""
     import ray.train
 
-    params, rounds = native_params(candidate, plan.task, len(meta.get("classes") or []))
+    kind = kinds.of(candidate)
+    params, rounds = kind.native_params(candidate.params, plan.task,
+                                        len(meta.get("classes") or []))
     params["seed"] = seg.stable_seed(plan.seed, candidate.name, "large")
-    loop_config = {"params": params, "rounds": rounds, "meta": meta, "tables": tables}
+    loop_config = {"params": params, "rounds": rounds, "meta": meta, "tables": tables,
+                   "candidate": candidate}
     scaling = train_scaling(
         num_workers=config.training.large_segment_workers,
         resources_per_worker={"CPU": candidate.resources.num_cpus},
     )
     run = ray.train.RunConfig(storage_path=str(storage.resolve()),
                               name=f"{candidate.name}-{uuid.uuid4().hex[:8]}")
-    worker = _xgboost_worker if candidate.kind == "xgboost" else _lightgbm_worker
-    trainer = boosting_trainer(candidate.kind)(
-        worker, train_loop_config=loop_config, scaling_config=scaling, run_config=run)
+    trainer = kind.ray_trainer()(
+        _train_worker, train_loop_config=loop_config, scaling_config=scaling, run_config=run)
     with trainer.fit().checkpoint.as_directory() as directory:
         return (Path(directory) / MODEL_FILE).read_bytes()
-
-
-TUNE_METRIC = {"xgboost": {"regression": "rmse", "binary": "logloss",
-                           "multiclass": "mlogloss"},
-               "lightgbm": {"regression": "l2", "binary": "binary_logloss",
-                            "multiclass": "multi_logloss"}}
 
 
 def _tune_trial(config: dict, candidate: CandidateConfig, task: str, meta: dict,
@@ -199,33 +164,12 @@ def _tune_trial(config: dict, candidate: CandidateConfig, task: str, meta: dict,
     """Ray Tune trial: fit one setting on the training rows, reporting the validation loss
     after every boosting round (so ASHA can stop it early)."""
     train, valid = train_rows.to_pandas(), valid_rows.to_pandas()
-    setting = seg.replace_search(candidate, config["setting"])
-    params, rounds = native_params(setting, task, len(meta.get("classes") or []))
-    metric = TUNE_METRIC[candidate.kind][task]
-    x_train, x_valid = (prepare_features(frame, meta) for frame in (train, valid))
-    if candidate.kind == "xgboost":
-        import xgboost as xgb
-
-        class Report(xgb.callback.TrainingCallback):
-            def after_iteration(self, model, epoch, evals_log) -> bool:
-                tune_report({"loss": float(evals_log["valid"][metric][-1])})
-                return False
-
-        xgb.train(params | {"eval_metric": metric, "nthread": 1},
-                  xgb.DMatrix(x_train, label=train[LABEL], enable_categorical=True),
-                  num_boost_round=rounds, callbacks=[Report()], verbose_eval=False,
-                  evals=[(xgb.DMatrix(x_valid, label=valid[LABEL],
-                                      enable_categorical=True), "valid")])
-    else:
-        import lightgbm as lgb
-
-        def report(env) -> None:
-            tune_report({"loss": float(env.evaluation_result_list[0][2])})
-
-        dtrain = lgb.Dataset(x_train, label=train[LABEL])
-        lgb.train(params | {"metric": metric, "num_threads": 1}, dtrain,
-                  num_boost_round=rounds, callbacks=[report],
-                  valid_sets=[lgb.Dataset(x_valid, label=valid[LABEL], reference=dtrain)])
+    kind = kinds.of(candidate)
+    params, rounds = kind.native_params(candidate.params | config["setting"], task,
+                                        len(meta.get("classes") or []))
+    kind.fit_reporting((prepare_features(train, meta), train[LABEL]),
+                       (prepare_features(valid, meta), valid[LABEL]), params, rounds, task,
+                       lambda loss: tune_report({"loss": loss}))
 
 
 def tune_candidate(candidate: CandidateConfig, train_ref, valid_ref, meta: dict, plan: Plan,
@@ -235,10 +179,11 @@ def tune_candidate(candidate: CandidateConfig, train_ref, valid_ref, meta: dict,
     from ray import tune
     from ray.tune.schedulers import ASHAScheduler
 
-    from raybricks.models import trial_settings
+    from raybricks.training.search import trial_settings
 
     settings = trial_settings(candidate, seg.stable_seed(plan.seed, candidate.name, "tune"))
-    _, rounds = native_params(candidate, plan.task, len(meta.get("classes") or []))
+    _, rounds = kinds.of(candidate).native_params(candidate.params, plan.task,
+                                                   len(meta.get("classes") or []))
     trainable = tune.with_resources(
         # with_parameters hands the trials the tables behind the references
         tune.with_parameters(_tune_trial, candidate=candidate, task=plan.task, meta=meta,
@@ -268,18 +213,14 @@ def train_large_segment(
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     import ray
 
-    boosting = [c for c in plan.candidates if c.kind in DATA_PARALLEL_KINDS]
+    boosting = [c for c in plan.candidates if data_parallel(c)]
     if not boosting:  # nothing data-parallel to do: one task, like any segment
         return ray.get(ray.remote(train_one_segment).remote(block_ref, plan, key))
-    try:
-        train_ref, valid_ref, info_ref = ray.remote(num_returns=3)(split_segment).remote(
-            block_ref, plan, key)
-        info = ray.get(info_ref)
-    except ray.exceptions.RayTaskError as exc:
-        cause = exc.as_instanceof_cause()
-        if isinstance(cause, seg.Skip) or "Skip" in type(cause).__name__:
-            return seg.result_for_error(seg.Skip(str(cause).splitlines()[-1]), plan, key), []
-        raise
+    train_ref, valid_ref, info_ref = ray.remote(num_returns=3)(split_segment).remote(
+        block_ref, plan, key)
+    info = ray.get(info_ref)
+    if "skip" in info:
+        return seg.result_for_error(seg.Skip(info["skip"]), plan, key), []
     meta = info["meta"]
     storage = run_dir / "ray_train"
     predict = ray.remote(predict_rows)
@@ -291,16 +232,15 @@ def train_large_segment(
                                       run_dir / "ray_tune")
                 candidate = seg.replace_search(candidate, best)
             payload = fit_data_parallel(candidate, [train_ref], meta, plan, config, storage)
-            kind = candidate.kind
-            predictions = ray.get(predict.remote(kind, payload, meta, valid_ref))
-            value = metrics.score(plan.metric, info["y_valid"], predictions)
+            predictions = ray.get(predict.remote(candidate.kind, payload, meta, valid_ref))
+            value = metrics.metric(plan.metric).score(info["y_valid"], predictions)
             evaluations.append(seg.Evaluation(candidate, candidate.params, value, predictions,
                                               [payload]))
         except Exception as exc:  # noqa: BLE001 - one candidate failing is recorded
             evaluations.append(seg.Evaluation(candidate, error=f"{type(exc).__name__}: {exc}"))
     row = seg.key_row(plan, key, info["n_rows"])
     chosen = seg.summarize(row, evaluations, info["y_valid"], info["baseline"], plan)
-    skipped = [c.name for c in plan.candidates if c.kind not in DATA_PARALLEL_KINDS]
+    skipped = [c.name for c in plan.candidates if not data_parallel(c)]
     row["reason"] = (f"large segment: not data-parallel, not fitted: {skipped}"
                      if skipped else None)
     members = []
@@ -308,10 +248,7 @@ def train_large_segment(
         payload = (fit_data_parallel(evaluation.candidate, [train_ref, valid_ref], meta, plan,
                                      config, storage)
                    if plan.refit else evaluation.split_models[0])
-        members.append({
-            "candidate": evaluation.candidate.name, "kind": evaluation.candidate.kind,
-            "weight": float(weight), "params": json.dumps(evaluation.params, default=str),
-            "payload": payload, "meta": json.dumps(meta, default=str),
-        })
+        members.append(seg.member_row(evaluation.candidate, weight, evaluation.params,
+                                      payload, meta))
     row["status"] = seg.TRAINED
     return row, members

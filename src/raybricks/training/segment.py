@@ -19,11 +19,11 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from raybricks import models
+from raybricks import kinds, metrics
 from raybricks.config import CandidateConfig, JobConfig
 from raybricks.errors import DataError
-from raybricks.segmented_model import CLASSIFICATION, prepare_features, sklearn_input
-from raybricks.training import metrics
+from raybricks.kinds import CLASSIFICATION, ModelKind, filled_input, prepare_features
+from raybricks.training.search import trial_settings
 
 TRAINED, SKIPPED, FAILED = "trained", "skipped", "failed"
 
@@ -158,9 +158,9 @@ class Prepared:
     """One segment, ready to fit: features, encoded target, splits, model metadata.
 
     ``values``: the numeric features' matrix (NaN for missing). ``X``, the feature frame
-    that LightGBM, XGBoost and user functions read, is built from it on first use when
-    no feature is categorical; scikit-learn kinds read ``matrix``, the values with gaps
-    filled by the training medians."""
+    every kind's input is made from, is built from it on first use when no feature is
+    categorical; ``matrix`` is ``filled_input``'s result (the values with gaps filled by
+    the training medians), made once per segment; ``inputs`` other kinds' inputs."""
 
     y: np.ndarray
     splits: list[tuple[np.ndarray, np.ndarray]]
@@ -169,6 +169,7 @@ class Prepared:
     values: np.ndarray | None = None
     frame: pd.DataFrame | None = None
     matrix: Any = None
+    inputs: dict = field(default_factory=dict)
 
     @property
     def X(self) -> pd.DataFrame:
@@ -176,16 +177,21 @@ class Prepared:
             self.frame = pd.DataFrame(self.values, columns=self.meta["features"])
         return self.frame
 
-    def rows(self, kind: str, indices: np.ndarray) -> Any:
-        """The model input for these rows: scikit-learn kinds get their prepared matrix
-        (built once per segment), the others a slice of the feature frame."""
-        if kind != "sklearn":
+    def rows(self, kind: ModelKind, indices: np.ndarray) -> Any:
+        """The kind's model input for these rows, made once per segment and input form
+        (the feature frame as it is, the filled matrix, or the kind's own)."""
+        make = kind.model_input
+        if make is kinds.frame_input:
             return self.X.iloc[indices]
-        if self.matrix is None:
-            self.matrix = sklearn_input(self.X, self.meta)
-        if isinstance(self.matrix, np.ndarray):
-            return self.matrix[indices]
-        return self.matrix.iloc[indices]
+        if make is filled_input:
+            if self.matrix is None:
+                self.matrix = filled_input(self.X, self.meta)
+            data = self.matrix
+        else:
+            if make not in self.inputs:
+                self.inputs[make] = make(self.X, self.meta)
+            data = self.inputs[make]
+        return data[indices] if isinstance(data, np.ndarray) else data.iloc[indices]
 
 
 @dataclass
@@ -253,7 +259,7 @@ def prepare(data: pd.DataFrame | Columns, plan: Plan, key: tuple) -> Prepared:
         raise Skip("no usable feature: every feature is empty or constant in this segment")
     meta["fill"] = dict(zip(numeric, medians.tolist(), strict=True))
     # without categoricals, scikit-learn's input is this matrix with the gaps filled
-    # (what sklearn_input would compute again from X)
+    # (what filled_input would compute again from X)
     matrix = None if plan.categorical else (
         np.where(gaps, medians, values) if has_gaps else values
     )
@@ -307,7 +313,7 @@ def baseline(prep: Prepared, plan: Plan) -> np.ndarray:
     return np.concatenate(parts)
 
 
-def _fit_split(prep: Prepared, candidate, params, train, plan: Plan, seed: int):
+def _fit_split(prep: Prepared, kind: ModelKind, params, train, plan: Plan, seed: int):
     """Fit on the training rows; returns the model and the class codes it saw."""
     y = prep.y[train]
     trained = None
@@ -316,13 +322,13 @@ def _fit_split(prep: Prepared, candidate, params, train, plan: Plan, seed: int):
         if len(trained) < 2:
             raise ValueError("the training split holds a single class")
         y = np.searchsorted(trained, y)
-    model = models.fit(candidate, params, prep.rows(candidate.kind, train), y, plan.task,
-                       seed, plan.threads, prep.meta)
+    model = kind.fit(params, prep.rows(kind, train), y, plan.task, seed, plan.threads,
+                     prep.meta)
     return model, trained
 
 
-def _predict_split(prep, candidate, model, trained, rows, plan: Plan) -> np.ndarray:
-    raw = models.predict(candidate.kind, model, prep.rows(candidate.kind, rows), plan.task)
+def _predict_split(prep, kind: ModelKind, model, trained, rows, plan: Plan) -> np.ndarray:
+    raw = kind.predict(model, prep.rows(kind, rows), plan.task)
     if trained is None:
         return raw
     if raw.ndim == 1:
@@ -336,24 +342,24 @@ def evaluate(prep: Prepared, candidate: CandidateConfig, plan: Plan, key: tuple)
     """Try every setting of a candidate on the splits; keep the best by the metric."""
     best = Evaluation(candidate)
     y_valid = prep.y[validation_rows(prep)]
+    metric = metrics.metric(plan.metric)
     errors = []
-    settings = models.trial_settings(candidate, stable_seed(plan.seed, key, candidate.name))
+    settings = trial_settings(candidate, stable_seed(plan.seed, key, candidate.name))
+    kind = kinds.of(candidate)
     for params in settings:
         seed = stable_seed(plan.seed, key, candidate.name, "fit")
         try:
             fitted, parts = [], []
             for train, valid in prep.splits:
-                model, trained = _fit_split(prep, candidate, params, train, plan, seed)
+                model, trained = _fit_split(prep, kind, params, train, plan, seed)
                 fitted.append((model, trained))
-                parts.append(_predict_split(prep, candidate, model, trained, valid, plan))
+                parts.append(_predict_split(prep, kind, model, trained, valid, plan))
             predictions = np.concatenate(parts)
-            value = metrics.score(plan.metric, y_valid, predictions)
+            value = metric.score(y_valid, predictions)
         except Exception as exc:  # noqa: BLE001 - one bad setting must not stop the segment
             errors.append(f"{type(exc).__name__}: {exc}")
             continue
-        if best.params is None or metrics.loss(plan.metric, value) < metrics.loss(
-            plan.metric, best.value
-        ):
+        if best.params is None or metric.loss(value) < metric.loss(best.value):
             best = Evaluation(candidate, params, value, predictions, fitted)
     if best.params is None:
         best.error = "; ".join(dict.fromkeys(errors)) or "no setting could be fitted"
@@ -362,8 +368,8 @@ def evaluate(prep: Prepared, candidate: CandidateConfig, plan: Plan, key: tuple)
 
 def choose(evaluations: list[Evaluation], plan: Plan) -> list[tuple[Evaluation, float]]:
     """The ensemble's members and weights, from the candidates that fitted."""
-    ok = sorted((e for e in evaluations if e.error is None),
-                key=lambda e: metrics.loss(plan.metric, e.value))
+    metric = metrics.metric(plan.metric)
+    ok = sorted((e for e in evaluations if e.error is None), key=lambda e: metric.loss(e.value))
     if not ok:
         return []
     if plan.ensemble == "best":
@@ -371,13 +377,8 @@ def choose(evaluations: list[Evaluation], plan: Plan) -> list[tuple[Evaluation, 
     top = ok[: plan.top_k]
     if plan.ensemble == "mean":
         return [(e, 1.0 / len(top)) for e in top]
-    if metrics.greater_is_better(plan.metric):
-        raw = [max(e.value, metrics.EPS) if e.value == e.value else metrics.EPS for e in top]
-    else:
-        raw = [1.0 / max(e.value, metrics.EPS) if e.value == e.value else metrics.EPS
-               for e in top]
-    total = sum(raw)
-    return [(e, w / total) for e, w in zip(top, raw, strict=True)]
+    weights = metric.weights([e.value for e in top])
+    return list(zip(top, weights, strict=True))
 
 
 def member_rows(prep: Prepared, members, plan: Plan, key: tuple) -> list[dict[str, Any]]:
@@ -385,25 +386,33 @@ def member_rows(prep: Prepared, members, plan: Plan, key: tuple) -> list[dict[st
     rows = []
     for evaluation, weight in members:
         candidate = evaluation.candidate
+        kind = kinds.of(candidate)
         if plan.refit or len(prep.splits) > 1:
             seed = stable_seed(plan.seed, key, candidate.name, "fit")
             model, trained = _fit_split(
-                prep, candidate, evaluation.params, np.arange(prep.n_rows), plan, seed
+                prep, kind, evaluation.params, np.arange(prep.n_rows), plan, seed
             )
         else:
             model, trained = evaluation.split_models[0]
         meta = dict(prep.meta)
         if trained is not None:
             meta["trained_classes"] = trained.tolist()
-        rows.append({
-            "candidate": candidate.name,
-            "kind": candidate.kind,
-            "weight": float(weight),
-            "params": json.dumps(evaluation.params, default=str, sort_keys=True),
-            "payload": models.serialize(candidate.kind, model),
-            "meta": json.dumps(meta, default=str),
-        })
+        rows.append(member_row(candidate, weight, evaluation.params, kind.serialize(model),
+                               meta))
     return rows
+
+
+def member_row(candidate: CandidateConfig, weight: float, params: dict[str, Any] | None,
+               payload: bytes, meta: dict[str, Any]) -> dict[str, Any]:
+    """One serialized member of a segment's model, as the models table stores it."""
+    return {
+        "candidate": candidate.name,
+        "kind": candidate.kind,
+        "weight": float(weight),
+        "params": json.dumps(params, default=str, sort_keys=True),
+        "payload": payload,
+        "meta": json.dumps(meta, default=str),
+    }
 
 
 def replace_search(candidate: CandidateConfig, params: dict[str, Any]) -> CandidateConfig:
@@ -421,7 +430,7 @@ def best_of(found: list[Evaluation], candidate: CandidateConfig, plan: Plan) -> 
     if not ok:
         errors = "; ".join(dict.fromkeys(e.error or "" for e in found))
         return Evaluation(candidate, error=errors or "no setting could be fitted")
-    best = min(ok, key=lambda e: metrics.loss(plan.metric, e.value))
+    best = metrics.metric(plan.metric).best(ok, lambda e: e.value)
     return dataclasses.replace(best, candidate=candidate)
 
 
@@ -488,7 +497,8 @@ def summarize(
     """Fill the row's metrics (baseline, every candidate, the ensemble) and its choice;
     returns the ensemble's members. Raises when every candidate failed."""
     row["n_valid"] = len(y_valid)
-    row[f"baseline_{plan.metric}"] = metrics.score(plan.metric, y_valid, baseline_predictions)
+    metric = metrics.metric(plan.metric)
+    row[f"baseline_{plan.metric}"] = metric.score(y_valid, baseline_predictions)
     for e in evaluations:
         row[f"{e.candidate.name}_{plan.metric}"] = e.value
     chosen = choose(evaluations, plan)
@@ -501,7 +511,7 @@ def summarize(
         row[f"metric_{plan.metric}"] = chosen[0][0].value
     else:
         blend = sum(e.predictions * w for e, w in chosen)
-        row[f"metric_{plan.metric}"] = metrics.score(plan.metric, y_valid, blend)
+        row[f"metric_{plan.metric}"] = metric.score(y_valid, blend)
     row["chosen"] = json.dumps([e.candidate.name for e, _ in chosen])
     row["weights"] = json.dumps([round(w, 6) for _, w in chosen])
     return chosen

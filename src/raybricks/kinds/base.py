@@ -1,0 +1,248 @@
+"""The model-kind protocol: everything raybricks knows about one model library.
+
+A kind is a ``ModelKind`` subclass. Its *stored* half (class methods ``load``,
+``predict_loaded``, ``model_input``) is what the registered model runs to predict: it may
+import only numpy, pandas, this package and the kind's own library, because consumers of
+the registered model have no raybricks. Its *training* half (instance methods, one
+instance per candidate of the job config) checks parameters, fits, predicts with the
+fitted model, serializes, and optionally trains data-parallel with Ray Train; it imports
+raybricks and Ray lazily, inside the methods.
+
+This module and the built-in kinds are shipped with every registered model as the
+package ``raybricks_kinds``, so keep their top-level imports to numpy and pandas.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import inspect
+import pickle
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+import numpy as np
+import pandas as pd
+
+CLASSIFICATION = ("binary", "multiclass")
+
+
+# --------------------------------------------------------------------------- inputs
+
+
+def prepare_features(frame: pd.DataFrame, meta: dict[str, Any]) -> pd.DataFrame:
+    """The feature frame every kind starts from: the model's features in its order,
+    numbers as float64 (NaN for missing or infinite), categoricals with exactly the
+    training categories (unseen values -> NaN)."""
+    categorical: dict[str, list] = meta.get("categorical", {})
+    features = meta["features"]
+    plain = [
+        c for c in features
+        if c not in categorical and pd.api.types.is_numeric_dtype(frame[c].dtype)
+        and not pd.api.types.is_datetime64_any_dtype(frame[c].dtype)
+    ]
+    if len(plain) == len(features):  # the common case: one bulk conversion
+        values = frame[plain].to_numpy(dtype="float64", na_value=np.nan, copy=True)
+        values[np.isinf(values)] = np.nan  # infinite values count as missing
+        return pd.DataFrame(values, columns=plain, index=frame.index)
+    columns = {}
+    for name in features:
+        values = frame[name]
+        if name in categorical:
+            columns[name] = pd.Categorical(
+                values.astype("object").where(values.notna(), None), categories=categorical[name]
+            )
+        else:
+            columns[name] = to_float(values)
+    return pd.DataFrame(columns, index=frame.index)
+
+
+def to_float(values: pd.Series) -> np.ndarray:
+    """Numbers, booleans, decimals and datetimes (as epoch seconds) as float64."""
+    if pd.api.types.is_datetime64_any_dtype(values):
+        stamps = pd.to_datetime(values, utc=True)
+        seconds = (stamps - pd.Timestamp(0, tz="UTC")).dt.total_seconds()
+        return seconds.to_numpy(dtype="float64", na_value=np.nan)
+    if values.dtype == object:
+        values = pd.to_numeric(values, errors="coerce")
+    floats = pd.Series(values).astype("float64").to_numpy(na_value=np.nan, copy=True)
+    floats[np.isinf(floats)] = np.nan  # infinite values count as missing
+    return floats
+
+
+def frame_input(features: pd.DataFrame, meta: dict[str, Any]) -> pd.DataFrame:
+    """The feature frame as it is (NaN for missing, pandas categoricals)."""
+    return features
+
+
+def filled_input(features: pd.DataFrame, meta: dict[str, Any]) -> pd.DataFrame | np.ndarray:
+    """Missing numbers filled with the training medians (``meta["fill"]``): a plain float
+    matrix when there are no categoricals, else a frame whose categoricals are plain
+    objects (for a one-hot encoder)."""
+    fill = meta.get("fill", {})
+    categorical = list(meta.get("categorical", {}))
+    if not categorical:
+        matrix = features.to_numpy(dtype="float64", na_value=np.nan)
+        missing = np.isnan(matrix)
+        if missing.any():
+            medians = np.array([fill.get(c, 0.0) for c in features.columns])
+            matrix = np.where(missing, medians, matrix)
+        return matrix
+    present = {k: v for k, v in fill.items() if k in features.columns}
+    if present and features[list(present)].isna().to_numpy().any():
+        features = features.fillna(present)
+    return features.astype({c: "object" for c in categorical})
+
+
+# --------------------------------------------------------------------------- imports
+
+
+@functools.cache
+def import_object(path: str) -> Any:
+    """Import ``package.module.name``; a clear error (ConfigError inside raybricks) when
+    it does not exist."""
+    module_name, _, attribute = path.rpartition(".")
+    try:
+        return getattr(importlib.import_module(module_name), attribute)
+    except (ImportError, AttributeError, ValueError) as exc:
+        message = (f"cannot import {path!r} ({exc}): give a full import path such as "
+                   "sklearn.linear_model.Ridge")
+        try:
+            from raybricks.errors import ConfigError
+        except ImportError:  # a consumer of the registered model
+            raise ImportError(message) from exc
+        raise ConfigError(message) from exc
+
+
+@functools.cache
+def accepted_parameters(factory: Any) -> frozenset[str]:
+    """The keyword parameters a class or factory accepts (looked up once)."""
+    try:
+        return frozenset(inspect.signature(factory).parameters)
+    except (TypeError, ValueError):
+        return frozenset()
+
+
+def boosting_params(params: dict[str, Any], defaults: dict[str, Any], task: str,
+                    n_classes: int, drop: tuple[str, ...] = ("n_jobs", "random_state",
+                                                            "verbose", "verbosity"),
+                    ) -> tuple[dict[str, Any], int]:
+    """Scikit-learn style boosting parameters as the native API takes them: the rounds
+    (``n_estimators``) apart, scikit-learn-only keys dropped, ``defaults`` under the
+    user's values, ``num_class`` for multiclass."""
+    params = dict(params)
+    rounds = int(params.pop("n_estimators", 100))
+    for name in drop:
+        params.pop(name, None)
+    params = defaults | params
+    if task == "multiclass":
+        params["num_class"] = n_classes
+    return params, rounds
+
+
+# --------------------------------------------------------------------------- the protocol
+
+
+class ModelKind:
+    """One model library as raybricks uses it.
+
+    Subclass it, set ``name`` and ``library``, and override what differs from the
+    defaults (which suit any scikit-learn-style estimator that pickles). Stored half
+    (class methods, no raybricks needed): ``load``, ``predict_loaded``, ``model_input``.
+    Training half (an instance per candidate: ``self.candidate`` is its config):
+    ``check``, ``warm_up``, ``fit``, ``predict``, ``serialize``; and, with
+    ``data_parallel = True``, ``native_params``, ``ray_trainer``, ``fit_shard`` and
+    ``fit_reporting`` for segments too large for one task.
+    """
+
+    #: What ``kind:`` says in the job config (a user's kind: its import path).
+    name: ClassVar[str] = ""
+    #: The distribution whose format stores the fitted models (its version is recorded in
+    #: the model and pinned in the model's requirements); None: nothing to pin.
+    library: ClassVar[str | None] = None
+    #: Whether the kind trains data-parallel with Ray Train (the four methods below).
+    data_parallel: ClassVar[bool] = False
+    #: What the library's fit and predict take, made from ``prepare_features``' frame:
+    #: ``frame_input`` (as it is) or ``filled_input`` (medians filled), or your own.
+    model_input: ClassVar[Callable[[pd.DataFrame, dict], Any]] = staticmethod(frame_input)
+    #: A user's kind: whether the registered model carries a copy of the kind's module
+    #: (which then must import only raybricks.kinds and installed libraries); False when
+    #: the module is installed where the model is used (name it in ``requirements``).
+    shipped: ClassVar[bool] = True
+    #: Extra pip requirements of the registered model (``library`` is pinned anyway).
+    requirements: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, candidate: Any) -> None:
+        self.candidate = candidate
+
+    # -- the stored half: what the registered model runs
+
+    @classmethod
+    def load(cls, payload: bytes, meta: dict[str, Any]) -> Any:
+        """A stored model from the bytes ``serialize`` made."""
+        return pickle.loads(payload)  # noqa: S301 - the model's own trusted payload
+
+    @classmethod
+    def predict_loaded(cls, model: Any, features: pd.DataFrame, meta: dict[str, Any]
+                       ) -> np.ndarray:
+        """A loaded model's values, or class probabilities (one column, or one per class
+        it was trained on) for ``prepare_features``' frame."""
+        data = cls.model_input(features, meta)
+        if meta["task"] in CLASSIFICATION:
+            return np.asarray(model.predict_proba(data), dtype="float64")
+        return np.asarray(model.predict(data), dtype="float64")
+
+    # -- the training half
+
+    @classmethod
+    def check_config(cls, candidate: Any) -> None:
+        """Raise ValueError when the candidate lacks a key this kind needs (run while the
+        job config is parsed)."""
+
+    def check(self) -> None:
+        """Before any cluster starts: raise ConfigError for what cannot work (a missing
+        import, an invalid parameter)."""
+
+    def warm_up(self) -> None:
+        """Import the library and user code, so a fresh worker's imports are not timed as
+        a fit."""
+
+    def fit(self, params: dict[str, Any], X: Any, y: np.ndarray, task: str, seed: int,
+            threads: int, meta: dict[str, Any]) -> Any:
+        """A model fitted on ``X`` (``model_input`` of the training rows) and ``y``
+        (values, or class codes 0..k-1), with ``threads`` threads."""
+        raise NotImplementedError(f"kind {self.name!r} does not implement fit")
+
+    def predict(self, model: Any, X: Any, task: str) -> np.ndarray:
+        """A fitted model's values, or (n, k) class probabilities, for ``X``."""
+        if task in CLASSIFICATION:
+            return np.asarray(model.predict_proba(X), dtype="float64")
+        return np.asarray(model.predict(X), dtype="float64").reshape(-1)
+
+    def serialize(self, model: Any) -> bytes:
+        """The fitted model as bytes that ``load`` reads."""
+        return pickle.dumps(model, protocol=5)
+
+    # -- data-parallel training (data_parallel = True)
+
+    def native_params(self, params: dict[str, Any], task: str, n_classes: int
+                      ) -> tuple[dict[str, Any], int]:
+        """Scikit-learn style parameters -> the library's own, and the number of rounds."""
+        raise NotImplementedError
+
+    def ray_trainer(self) -> type:
+        """Ray Train's trainer class that runs ``fit_shard`` on every worker."""
+        raise NotImplementedError
+
+    def fit_shard(self, features: pd.DataFrame, label: pd.Series, params: dict[str, Any],
+                  rounds: int) -> bytes:
+        """Inside a Ray Train worker: train on this worker's rows together with the other
+        workers; the model's bytes (as ``serialize`` would make them)."""
+        raise NotImplementedError
+
+    def fit_reporting(self, train: tuple[pd.DataFrame, pd.Series],
+                      valid: tuple[pd.DataFrame, pd.Series], params: dict[str, Any],
+                      rounds: int, task: str, report: Callable[[float], None]) -> None:
+        """One single-worker fit that calls ``report(validation loss)`` after every
+        round (a Ray Tune trial; the scheduler may stop it early)."""
+        raise NotImplementedError

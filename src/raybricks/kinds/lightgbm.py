@@ -1,0 +1,73 @@
+"""``kind: lightgbm``: LightGBM's scikit-learn estimators (native categorical support),
+stored as LightGBM's model text; data-parallel with Ray Train's LightGBMTrainer."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .base import CLASSIFICATION, ModelKind, boosting_params
+
+OBJECTIVES = {"regression": "regression", "binary": "binary", "multiclass": "multiclass"}
+VALIDATION_METRICS = {"regression": "l2", "binary": "binary_logloss",
+                      "multiclass": "multi_logloss"}
+
+
+class LightGBMKind(ModelKind):
+    name = "lightgbm"
+    library = "lightgbm"
+    data_parallel = True
+
+    @classmethod
+    def load(cls, payload: bytes, meta: dict[str, Any]) -> Any:
+        import lightgbm as lgb
+
+        return lgb.Booster(model_str=payload.decode())
+
+    @classmethod
+    def predict_loaded(cls, model, features, meta) -> np.ndarray:
+        return np.asarray(model.predict(features, num_threads=1), dtype="float64")
+
+    def warm_up(self) -> None:
+        import lightgbm  # noqa: F401
+
+    def fit(self, params, X, y, task, seed, threads, meta) -> Any:
+        import lightgbm as lgb
+
+        base = {"n_estimators": 100, "verbose": -1, "random_state": seed,
+                "n_jobs": threads, "deterministic": True, "force_row_wise": True}
+        cls = lgb.LGBMClassifier if task in CLASSIFICATION else lgb.LGBMRegressor
+        return cls(**(base | params)).fit(X, y)
+
+    def serialize(self, model) -> bytes:
+        return model.booster_.model_to_string().encode()
+
+    def native_params(self, params, task, n_classes) -> tuple[dict[str, Any], int]:
+        defaults = {"objective": OBJECTIVES[task], "verbose": -1}
+        return boosting_params(params, defaults, task, n_classes)
+
+    def ray_trainer(self) -> type:
+        from raybricks.compat import boosting_trainer
+
+        return boosting_trainer("lightgbm", "LightGBMTrainer")
+
+    def fit_shard(self, features, label, params, rounds) -> bytes:
+        import lightgbm as lgb
+
+        from raybricks.compat import lightgbm_network_params
+
+        dtrain = lgb.Dataset(features, label=label, free_raw_data=False)
+        booster = lgb.train(params | lightgbm_network_params(), dtrain,
+                            num_boost_round=rounds)
+        return booster.model_to_string().encode()
+
+    def fit_reporting(self, train, valid, params, rounds, task, report) -> None:
+        import lightgbm as lgb
+
+        metric = VALIDATION_METRICS[task]
+        dtrain = lgb.Dataset(train[0], label=train[1])
+        lgb.train(params | {"metric": metric, "num_threads": 1}, dtrain,
+                  num_boost_round=rounds,
+                  callbacks=[lambda env: report(float(env.evaluation_result_list[0][2]))],
+                  valid_sets=[lgb.Dataset(valid[0], label=valid[1], reference=dtrain)])

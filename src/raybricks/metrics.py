@@ -1,0 +1,180 @@
+"""Validation metrics, in numpy (cheap enough to run thousands of times per second), and
+``Metric``: a metric with its direction, through which every comparison of values goes.
+
+Regression metrics take predicted values; classification metrics take an (n, k) matrix
+of class probabilities and integer class codes. This module imports only numpy (and
+scikit-learn lazily, for ``auc``), so ``raybricks.config`` can validate against it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import TypeVar
+
+import numpy as np
+
+EPS = 1e-12
+
+T = TypeVar("T")
+
+
+def rmse(y: np.ndarray, pred: np.ndarray) -> float:
+    return float(np.sqrt(np.mean((y - pred) ** 2)))
+
+
+def mae(y: np.ndarray, pred: np.ndarray) -> float:
+    return float(np.mean(np.abs(y - pred)))
+
+
+def mape(y: np.ndarray, pred: np.ndarray) -> float:
+    """Mean absolute percentage error over rows whose actual value is not zero."""
+    nonzero = y != 0
+    if not nonzero.any():
+        return float("nan")
+    return float(np.mean(np.abs((y[nonzero] - pred[nonzero]) / y[nonzero])))
+
+
+def smape(y: np.ndarray, pred: np.ndarray) -> float:
+    denominator = np.abs(y) + np.abs(pred)
+    ratio = np.where(denominator == 0, 0.0, 2 * np.abs(y - pred) / np.maximum(denominator, EPS))
+    return float(np.mean(ratio))
+
+
+def r2(y: np.ndarray, pred: np.ndarray) -> float:
+    total = np.sum((y - y.mean()) ** 2)
+    if total == 0:
+        return float("nan")
+    return float(1 - np.sum((y - pred) ** 2) / total)
+
+
+def logloss(y: np.ndarray, proba: np.ndarray) -> float:
+    picked = proba[np.arange(len(y)), y]
+    return float(-np.mean(np.log(np.clip(picked, 1e-15, 1.0))))
+
+
+def accuracy(y: np.ndarray, proba: np.ndarray) -> float:
+    return float(np.mean(np.argmax(proba, axis=1) == y))
+
+
+def f1(y: np.ndarray, proba: np.ndarray) -> float:
+    """F1 of the positive class for two classes, macro-averaged F1 for more."""
+    labels = np.argmax(proba, axis=1)
+    classes = [1] if proba.shape[1] == 2 else range(proba.shape[1])
+    scores = []
+    for c in classes:
+        tp = np.sum((labels == c) & (y == c))
+        fp = np.sum((labels == c) & (y != c))
+        fn = np.sum((labels != c) & (y == c))
+        scores.append(0.0 if tp == 0 else 2 * tp / (2 * tp + fp + fn))
+    return float(np.mean(scores))
+
+
+def auc(y: np.ndarray, proba: np.ndarray) -> float:
+    """ROC AUC (one-vs-rest macro for more than two classes); NaN with a single class."""
+    from sklearn.metrics import roc_auc_score
+
+    present = np.unique(y)
+    if len(present) < 2:
+        return float("nan")
+    if proba.shape[1] == 2:
+        return float(roc_auc_score(y, proba[:, 1]))
+    scores = [roc_auc_score(y == c, proba[:, c]) for c in present]
+    return float(np.mean(scores))
+
+
+def _missing(value: float | None) -> bool:
+    return value is None or value != value  # None or NaN
+
+
+@dataclass(frozen=True)
+class Metric:
+    """A metric: its function, the tasks it fits and whether larger values are better."""
+
+    name: str
+    function: Callable[[np.ndarray, np.ndarray], float]
+    tasks: frozenset[str]
+    greater_is_better: bool
+
+    def score(self, y: np.ndarray, pred: np.ndarray) -> float:
+        """The metric of predictions ``pred`` against actual values ``y``."""
+        return self.function(y, pred)
+
+    def fits(self, task: str) -> bool:
+        return task in self.tasks
+
+    def loss(self, value: float | None) -> float:
+        """A value to minimise: the metric, negated where larger is better; a missing
+        (None or NaN) value ranks last."""
+        if _missing(value):
+            return float("inf")
+        return -value if self.greater_is_better else value
+
+    def better(self, a: float | None, b: float | None) -> bool:
+        """True when ``a`` is strictly better than ``b``; a missing value (None or NaN)
+        is never better, and any value is better than a missing one."""
+        if _missing(a):
+            return False
+        if _missing(b):
+            return True
+        return a > b if self.greater_is_better else a < b
+
+    def not_worse(self, a: float, b: float) -> bool:
+        """True when ``a`` is at least as good as ``b`` (False when either is NaN)."""
+        return a >= b if self.greater_is_better else a <= b
+
+    def beats(self, values: Iterable[float], baselines: Iterable[float]) -> float:
+        """The share of positions where ``values`` is strictly better than ``baselines``
+        (NaN on either side counts as not better); NaN when there are none."""
+        values = np.asarray(values, dtype=float)
+        baselines = np.asarray(baselines, dtype=float)
+        wins = values > baselines if self.greater_is_better else values < baselines
+        return float(np.mean(wins)) if len(values) else float("nan")
+
+    def best(self, items: Iterable[T], value: Callable[[T], float | None]) -> T:
+        """The item with the best value (the first on ties; missing values rank last)."""
+        return min(items, key=lambda item: self.loss(value(item)))
+
+    def weights(self, values: Sequence[float | None]) -> list[float]:
+        """Weights of a weighted ensemble, summing to one: proportional to the metric
+        where larger is better, to its inverse where smaller is (clipped at ``EPS``; a
+        missing value gets ``EPS``)."""
+        if self.greater_is_better:
+            raw = [EPS if _missing(v) else max(v, EPS) for v in values]
+        else:
+            raw = [EPS if _missing(v) else 1.0 / max(v, EPS) for v in values]
+        total = sum(raw)
+        return [w / total for w in raw]
+
+
+_REGRESSION = frozenset({"regression"})
+_CLASSIFICATION = frozenset({"binary", "multiclass"})
+
+METRICS: dict[str, Metric] = {
+    m.name: m
+    for m in (
+        Metric("rmse", rmse, _REGRESSION, greater_is_better=False),
+        Metric("mae", mae, _REGRESSION, greater_is_better=False),
+        Metric("mape", mape, _REGRESSION, greater_is_better=False),
+        Metric("smape", smape, _REGRESSION, greater_is_better=False),
+        Metric("r2", r2, _REGRESSION, greater_is_better=True),
+        Metric("logloss", logloss, _CLASSIFICATION, greater_is_better=False),
+        Metric("auc", auc, _CLASSIFICATION, greater_is_better=True),
+        Metric("accuracy", accuracy, _CLASSIFICATION, greater_is_better=True),
+        Metric("f1", f1, _CLASSIFICATION, greater_is_better=True),
+    )
+}
+DEFAULT_METRIC: dict[str, str] = {
+    "regression": "rmse", "binary": "logloss", "multiclass": "logloss",
+}
+
+
+def metric(name: str | Metric) -> Metric:
+    """The metric called ``name`` (a ``Metric`` is returned as it is)."""
+    if isinstance(name, Metric):
+        return name
+    try:
+        return METRICS[name]
+    except (KeyError, TypeError):
+        raise ValueError(f"unknown metric {name!r}; allowed: {sorted(METRICS)}") from None
+

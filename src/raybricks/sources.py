@@ -1,0 +1,86 @@
+"""Reading a source, for training and for scoring: the one place that does it.
+
+A source is a Spark DataFrame (used as given), a table name (``catalog.schema.table``)
+or a ``SourceConfig`` (a table, or files at a path: Parquet, CSV with a header, Delta).
+``source_of`` turns the name-or-path of the command line (``raybricks score``) into a
+``SourceConfig`` by its look: a ``/`` or a ``.parquet`` / ``.csv`` suffix makes a path.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from raybricks.config import SourceConfig
+from raybricks.errors import DataError
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+
+def source_of(name_or_path: str) -> SourceConfig:
+    """A path (a ``/`` or a file suffix; CSV for ``.csv``, else Parquet) or a table."""
+    if "/" in name_or_path or name_or_path.endswith((".parquet", ".csv")):
+        fmt = "csv" if name_or_path.rstrip("/").endswith(".csv") else "parquet"
+        return SourceConfig(path=name_or_path, format=fmt)
+    return SourceConfig(table=name_or_path)
+
+
+def read_source(
+    source: SourceConfig | DataFrame | str, spark: SparkSession | None = None
+) -> DataFrame:
+    """The source as a Spark DataFrame: a DataFrame as given, a table by name (a string
+    is always a table name: see ``source_of`` for paths), or files at a path. Without
+    ``spark``, the active SparkSession. ``source.where`` is not applied here."""
+    if isinstance(source, SourceConfig):
+        if source.table:
+            return _read_table(source.table, spark)
+        return _read_files(source, spark)
+    if isinstance(source, str):
+        return _read_table(source, spark)
+    return source
+
+
+def _read_table(name: str, spark: SparkSession | None) -> DataFrame:
+    from pyspark.errors import AnalysisException
+
+    spark = spark or _active_spark()
+    if spark is None:
+        raise DataError(f"cannot read table {name!r}: no active SparkSession")
+    try:
+        return spark.table(name)
+    except AnalysisException as exc:
+        raise DataError(
+            f"table {name!r} not found ({_first_line(exc)}): check the name "
+            "(catalog.schema.table) and that it exists, e.g. with SHOW TABLES"
+        ) from exc
+
+
+def _read_files(source: SourceConfig, spark: SparkSession | None) -> DataFrame:
+    from pyspark.errors import AnalysisException
+
+    spark = spark or _active_spark()
+    if spark is None:
+        raise DataError(
+            f"cannot read {source.format} at source.path={source.path!r}: "
+            "no active SparkSession"
+        )
+    reader = spark.read.format(source.format)
+    if source.format == "csv":
+        reader = reader.option("header", "true").option("inferSchema", "true")
+    try:
+        return reader.load(source.path)
+    except AnalysisException as exc:
+        raise DataError(
+            f"cannot read {source.format} at source.path={source.path!r}: "
+            f"{str(exc).splitlines()[0]}"
+        ) from exc
+
+
+def _active_spark() -> SparkSession | None:
+    from raybricks.session import active_spark
+
+    return active_spark()
+
+
+def _first_line(exc: BaseException) -> str:
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__

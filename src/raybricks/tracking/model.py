@@ -1,0 +1,71 @@
+"""The segmented model as an MLflow pyfunc ("models from code": the file
+``raybricks/segmented_model.py`` itself, with the model directory of
+``raybricks.packaging`` as its artifact and a copy of ``raybricks.kinds`` as its code):
+its requirements, its signature, logging it.
+``RegistryError`` is defined here, the lowest module of ``raybricks.tracking`` that
+raises it."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path
+
+import pandas as pd
+
+from raybricks import kinds, segmented_model
+from raybricks.compat import log_model_location
+from raybricks.errors import RaybricksError
+from raybricks.packaging import Packaged
+from raybricks.segmented_model import SegmentStore, prediction_type
+
+
+class RegistryError(RaybricksError):
+    """Tracking or registration failed; nothing half-registered was left behind."""
+
+
+def model_requirements(libraries: Iterable[str]) -> list[str]:
+    """Exactly what the pyfunc imports, at the versions it was trained with: MLflow, NumPy,
+    pandas, PyArrow and the model ``libraries`` (the manifest's, as packaging recorded
+    them). MLflow's version is the module's: a Databricks cluster has only the
+    mlflow-skinny distribution."""
+    import mlflow
+
+    names = ["numpy", "pandas", "pyarrow", *sorted(libraries)]
+    return [f"mlflow=={mlflow.__version__}"] + [
+        f"{name}=={importlib.metadata.version(name)}" for name in names]
+
+
+def signature_for(store: SegmentStore, example: pd.DataFrame):
+    """Inputs: segment columns and features (types from the example); output: the
+    prediction; params: ``probabilities``."""
+    from mlflow.models import ModelSignature, infer_signature
+    from mlflow.types import ColSpec, ParamSchema, ParamSpec, Schema
+
+    inputs = infer_signature(example[store.segment_by + store.features]).inputs
+    outputs = Schema([ColSpec(prediction_type(store.manifest), "prediction")])
+    params = ParamSchema([ParamSpec("probabilities", "boolean", False)])
+    return ModelSignature(inputs, outputs, params)
+
+
+def log_segmented_model(packaged: Packaged, example: pd.DataFrame | None, name: str):
+    """Log the directory as the pyfunc (models from code); returns MLflow's ModelInfo."""
+    import mlflow
+
+    store = SegmentStore(packaged.directory)
+    if example is None or example.empty:
+        raise RegistryError("no input example: the training result has no rows to show")
+    stored = packaged.manifest["kinds"]
+    extra = [r for kind in stored for r in kinds.resolve(kind).requirements]
+    with tempfile.TemporaryDirectory(prefix="raybricks-code-") as code:
+        return mlflow.pyfunc.log_model(
+            **log_model_location(name),
+            python_model=segmented_model.__file__,
+            code_paths=kinds.ship(stored, Path(code)),
+            artifacts={"segments": str(packaged.directory)},
+            signature=signature_for(store, example),
+            input_example=example[store.segment_by + store.features],
+            pip_requirements=model_requirements(packaged.manifest["libraries"]) + extra,
+            model_config={"cache_segments": segmented_model.DEFAULT_CACHE_SEGMENTS},
+        )

@@ -1,0 +1,206 @@
+"""Logging the job's run: the config as params, aggregate metrics, the per-segment result
+and failure tables, plots and the model; ``publish`` is the whole job's publication
+(the run, then registration and promotion). Everything runs on the driver."""
+
+from __future__ import annotations
+
+import json
+import logging
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from raybricks.compat import log_run_metrics
+from raybricks.config import JobConfig
+from raybricks.metrics import metric
+from raybricks.packaging import package_result
+from raybricks.tracking.model import log_segmented_model
+from raybricks.tracking.registration import (
+    Publication,
+    _alias_version,
+    record_decision,
+    register_and_promote,
+)
+from raybricks.tracking.target import check_registry_name, configure_tracking, experiment_id
+from raybricks.training.engine import TrainingResult
+from raybricks.training.segment import FAILED, SKIPPED, TRAINED
+
+log = logging.getLogger(__name__)
+
+MODEL_NAME = "segmented_model"
+PARAM_VALUE_LIMIT = 6000
+LOG_TABLE_ROWS = 10_000  # above this the UI table would be slow; the Parquet has it all
+
+
+def flatten(value: Any, prefix: str = "") -> dict[str, str]:
+    """A nested config as MLflow params: ``models.0.params.max_depth -> "4"``."""
+    if isinstance(value, dict):
+        items = value.items()
+    elif isinstance(value, list) and value and isinstance(value[0], dict | list):
+        items = enumerate(value)
+    else:
+        text = json.dumps(value, default=str) if not isinstance(value, str) else value
+        return {prefix: text[:PARAM_VALUE_LIMIT]}
+    flat: dict[str, str] = {}
+    for key, item in items:
+        flat.update(flatten(item, f"{prefix}.{key}" if prefix else str(key)))
+    return flat
+
+
+def aggregate_metrics(result: TrainingResult, candidates: list[str]) -> dict[str, float]:
+    """Segment counts, the distribution of each validation metric, wins over the baseline,
+    the wall time per stage."""
+    counts = result.counts()
+    out: dict[str, float] = {f"segments_{s}": float(n) for s, n in counts.items()}
+    out["segments_total"] = float(sum(counts.values()))
+    trained = result.segments[result.segments.status == TRAINED]
+    m = result.metric
+    columns = {m: f"metric_{m}", f"baseline_{m}": f"baseline_{m}"} | {
+        f"{c}_{m}": f"{c}_{m}" for c in candidates
+    }
+    for name, column in columns.items():
+        if column in trained and len(trained):
+            values = trained[column].astype(float).dropna()
+            if len(values):
+                out[f"{name}_median"] = float(values.median())
+                out[f"{name}_p90"] = float(values.quantile(0.9))
+                out[f"{name}_mean"] = float(values.mean())
+    if len(trained) and f"baseline_{m}" in trained:
+        out["share_beats_baseline"] = metric(m).beats(
+            trained[f"metric_{m}"].astype(float), trained[f"baseline_{m}"].astype(float))
+    for stage, seconds in result.timings.items():
+        out[f"seconds_{stage}"] = float(seconds)
+    out["seconds_train_segments"] = float(result.seconds)
+    for key, count in result.accounting.items():  # set by raybricks.train's reconcile
+        out[f"accounting_{key}"] = float(count)
+    return out
+
+
+def log_tables(result: TrainingResult) -> None:
+    """The per-segment results (Parquet; also as an MLflow table when small enough for
+    the UI) and the failures and skips with their reasons."""
+    import mlflow
+
+    segments = result.segments.copy()
+    problems = segments[segments.status.isin([SKIPPED, FAILED])]
+    with tempfile.TemporaryDirectory() as tmp:
+        segments.to_parquet(Path(tmp) / "segments.parquet", index=False)
+        problems.to_parquet(Path(tmp) / "failures.parquet", index=False)
+        mlflow.log_artifacts(tmp, "results")
+    ui_columns = [c for c in segments.columns if c not in ("params",)]
+    if 0 < len(segments) <= LOG_TABLE_ROWS:
+        mlflow.log_table(_json_safe(segments[ui_columns]), "results/segments.json")
+    if 0 < len(problems) <= LOG_TABLE_ROWS:
+        mlflow.log_table(_json_safe(problems[result.segment_by + ["status", "reason"]]),
+                         "results/failures.json")
+
+
+def _json_safe(frame: pd.DataFrame) -> pd.DataFrame:
+    """Dates, decimals and other objects as strings for MLflow's JSON tables."""
+    out = frame.copy()
+    for column in out.columns:
+        if not (pd.api.types.is_numeric_dtype(out[column]) or out[column].dtype == bool):
+            out[column] = out[column].astype("string").astype(object)
+    return out
+
+
+def log_plots(result: TrainingResult) -> None:
+    """PNG plots: the per-segment metric's distribution, model vs baseline, the winners."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import mlflow
+
+    m = result.metric
+    trained = result.segments[result.segments.status == TRAINED]
+    if not len(trained):
+        return
+    values = trained[f"metric_{m}"].astype(float)
+    figure, axes = plt.subplots(figsize=(6, 4))
+    axes.hist(values.dropna(), bins=min(50, max(len(values) // 5, 5)), color="#3b7dd8")
+    axes.set(xlabel=f"validation {m} per segment", ylabel="segments",
+             title=f"{m} over {len(values)} trained segments")
+    mlflow.log_figure(figure, "plots/metric_distribution.png")
+    plt.close(figure)
+
+    base = trained[f"baseline_{m}"].astype(float)
+    figure, axes = plt.subplots(figsize=(5, 5))
+    axes.scatter(base, values, s=6, alpha=0.5, color="#3b7dd8")
+    finite = np.concatenate([base[np.isfinite(base)], values[np.isfinite(values)]])
+    if len(finite):
+        low, high = float(finite.min()), float(finite.max())
+        axes.plot([low, high], [low, high], color="grey", linewidth=1)
+    axes.set(xlabel=f"naive baseline {m}", ylabel=f"model {m}",
+             title="model vs baseline (one dot per segment)")
+    mlflow.log_figure(figure, "plots/model_vs_baseline.png")
+    plt.close(figure)
+
+    chosen = trained["chosen"].dropna().map(json.loads).explode().value_counts()
+    figure, axes = plt.subplots(figsize=(6, 4))
+    axes.bar(chosen.index.astype(str), chosen.to_numpy(), color="#3b7dd8")
+    axes.set(ylabel="segments", title="chosen candidates")
+    mlflow.log_figure(figure, "plots/chosen_candidates.png")
+    plt.close(figure)
+
+
+def version_tags(result: TrainingResult, config: JobConfig, metrics: dict[str, float]):
+    source = config.source.table or config.source.path or ""
+    if config.source.where:
+        source += f" where {config.source.where}"
+    m = result.metric
+    tags = {
+        "raybricks.config_hash": config.config_hash(),
+        "raybricks.source": source[:5000],
+        "raybricks.training_run": result.run_id,
+        "raybricks.metric": m,
+    }
+    for key in ("segments_trained", "segments_skipped", "segments_failed", "segments_total",
+                f"{m}_median", f"{m}_p90", f"{m}_mean", "share_beats_baseline"):
+        if key in metrics:
+            tags[f"raybricks.{key}"] = f"{metrics[key]:.6g}"
+    return tags
+
+
+def publish(result: TrainingResult, config: JobConfig) -> Publication:
+    """Log the job's run and model, register a version, apply the promotion rule."""
+    import mlflow
+
+    target = configure_tracking()
+    check_registry_name(config, target.registry_uri)
+    experiment = experiment_id(config, target)
+    name, alias = config.registry.name, config.registry.alias
+    with tempfile.TemporaryDirectory(prefix="raybricks-model-") as tmp, mlflow.start_run(
+        experiment_id=experiment, run_name=f"raybricks-{result.run_id}"
+    ) as run:
+        start = time.perf_counter()
+        mlflow.set_tags({"raybricks.training_run": result.run_id,
+                         "raybricks.config_hash": config.config_hash()})
+        mlflow.log_params(flatten(config.model_dump(mode="json")))
+        mlflow.log_dict(config.model_dump(mode="json"), "config.json")
+        metrics = aggregate_metrics(result, [c.name for c in config.models])
+        log_run_metrics(metrics)
+        log_tables(result)
+        log_plots(result)
+        packaged = package_result(result, Path(tmp) / "challenger" / "segments", "challenger")
+        info = log_segmented_model(packaged, result.example, MODEL_NAME)
+        mlflow.set_tag("raybricks.model_uri", info.model_uri)
+        log_run_metrics({"model_size_bytes": float(packaged.size_bytes),
+                            "model_segments": float(packaged.with_model)})
+        if result.counts()[TRAINED] == 0:
+            log.warning("no segment trained: nothing registered")
+            mlflow.set_tag("raybricks.promotion", "not registered: no trained segment")
+            return Publication(run.info.run_id, experiment, info.model_uri, name, None,
+                               _alias_version(name, alias), {"decision": "not registered"})
+        tags = version_tags(result, config, metrics)
+        version, decision = register_and_promote(
+            config, info.model_uri, run.info.run_id, tags, packaged, Path(tmp), result.example
+        )
+        record_decision(decision)
+        log_run_metrics({"seconds_registry": time.perf_counter() - start})
+        return Publication(run.info.run_id, experiment, info.model_uri, name,
+                           str(version.version), _alias_version(name, alias), decision)

@@ -1,0 +1,160 @@
+"""The model-kind protocol: CatBoost as one module, a user's kind by import path, each
+trained on real Ray and loaded from the registry with plain MLflow and no raybricks."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from importlib.metadata import version
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pytest
+
+from raybricks import kinds, tracking
+from raybricks.config import CandidateConfig
+from raybricks.data import to_ray_dataset
+from raybricks.errors import ConfigError
+from raybricks.segmented_model import SegmentModel
+from raybricks.training import train_segments
+from raybricks.training.segment import make_plan, train_segment
+from tests import helpers
+from tests.test_registry import BLOCK_RAYBRICKS
+from tests.test_training import job
+
+CATBOOST = [{"name": "cat", "kind": "catboost", "params": {"iterations": 80, "depth": 4}}]
+USER = [{"name": "ols", "kind": "tests.userkinds.LeastSquares", "params": {"ridge": 0.01}}]
+SRC = Path(__file__).parents[1] / "src" / "raybricks"
+
+
+@pytest.fixture(scope="module")
+def shops_ds(ray_on_spark, spark):
+    return to_ray_dataset(spark.createDataFrame(helpers.shops()), ["store"])
+
+
+def consumer_predictions(model_uri: str, frame: pd.DataFrame, tmp_path: Path) -> np.ndarray:
+    """Predictions of the registered model in a fresh interpreter where raybricks cannot
+    be imported, run outside the repository (so nothing of it is on the path)."""
+    frame.to_parquet(tmp_path / "input.parquet")
+    code = BLOCK_RAYBRICKS + f"""
+import mlflow, pandas as pd
+model = mlflow.pyfunc.load_model({model_uri!r})
+frame = pd.read_parquet({str(tmp_path / 'input.parquet')!r})
+model.predict(frame).to_frame().to_parquet({str(tmp_path / 'out.parquet')!r})
+raybricks = sys.modules.get("raybricks")
+print("raybricks installed:", getattr(raybricks, "__file__", None) is not None)
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "raybricks installed: False" in done.stdout
+    return pd.read_parquet(tmp_path / "out.parquet")["prediction"].to_numpy()
+
+
+def requirements_of(model_uri: str, tmp_path: Path) -> list[str]:
+    import mlflow
+
+    path = mlflow.pyfunc.get_model_dependencies(model_uri)
+    return Path(path).read_text().split()
+
+
+def test_catboost_is_a_kind_that_beats_the_baseline_and_serves_without_raybricks(
+        shops_ds, tmp_path):
+    config = job(tmp_path, models=CATBOOST, registry={"name": "tests.kinds.catboost"})
+    result = train_segments(shops_ds, config)
+    rows = result.segments.set_index("store")
+    trained = rows[rows.status == "trained"]
+    assert len(trained) == 8  # categorical colour and missing x2 handled by CatBoost
+    assert (trained.metric_rmse < trained.baseline_rmse).all()
+    assert set(result.models().column("kind").to_pylist()) == {"catboost"}
+
+    publication = tracking.publish(result, config)
+    uri = f"models:/tests.kinds.catboost/{publication.version}"
+    assert f"catboost=={version('catboost')}" in requirements_of(uri, tmp_path)
+    frame = helpers.shops().sample(frac=1.0, random_state=5).iloc[:60]
+    predicted = consumer_predictions(uri, frame, tmp_path)
+    models = result.models().to_pandas()
+    for store in ["s1", "s6"]:
+        mask = (frame.store == store).to_numpy()
+        members = models[models.store == store].to_dict("records")
+        expected = SegmentModel.from_rows(members).predict(frame[mask])
+        np.testing.assert_allclose(predicted[mask], expected, rtol=1e-9)
+
+
+def test_catboost_classifies_with_probabilities_over_every_class(tmp_path):
+    frame = helpers.classes(3)
+    frame = frame[frame.store == 0].drop(columns="store").assign(store=0)
+    config = job(tmp_path, models=CATBOOST, target="label", task="multiclass",
+                 features=["x1", "x2"], time_column=None)
+    plan = make_plan(config, pa.Schema.from_pandas(frame, preserve_index=False))
+    row, members = train_segment(frame, (0,), plan)
+    assert row["status"] == "trained", row["reason"]
+    assert row["metric_logloss"] < row["baseline_logloss"]
+    model = SegmentModel.from_rows(members)
+    probabilities = model.predict(frame, probabilities=True)
+    assert probabilities.shape == (len(frame), 3)
+    np.testing.assert_allclose(probabilities.sum(axis=1), 1.0)
+    assert (model.predict(frame) == frame.label.to_numpy()).mean() > 0.8
+
+
+def test_a_users_kind_by_import_path_is_checked_before_any_cluster():
+    ok = CandidateConfig(**USER[0])
+    assert type(kinds.of(ok)).__name__ == "LeastSquares"
+    with pytest.raises(ConfigError, match=r"unknown params \{'alpha'\}"):
+        kinds.of(CandidateConfig(**USER[0] | {"params": {"alpha": 1}})).check()
+    with pytest.raises(ValueError, match=r"models\[x\]\.kind='tests.userkinds.Nope': cannot "
+                                         "import"):
+        CandidateConfig(name="x", kind="tests.userkinds.Nope")
+    with pytest.raises(ValueError, match="is not a ModelKind subclass"):
+        CandidateConfig(name="x", kind="tests.helpers.shops")
+
+
+def test_a_users_kind_trains_registers_and_serves_without_raybricks(shops_ds, tmp_path):
+    config = job(tmp_path, models=USER, features=["x1", "x2"],
+                 registry={"name": "tests.kinds.user"})
+    result = train_segments(shops_ds, config)
+    assert result.counts()["trained"] == 8
+    publication = tracking.publish(result, config)
+    uri = f"models:/tests.kinds.user/{publication.version}"
+    frame = helpers.shops().sample(frac=1.0, random_state=7).iloc[:80]
+    predicted = consumer_predictions(uri, frame, tmp_path)
+    # the same least squares, computed here: refitted on all the store's rows, missing
+    # x2 filled with the store's median, as the kind's filled_input does
+    data = helpers.shops()
+    for store in ["s0", "s3"]:
+        rows = data[data.store == store]
+        x = rows[["x1", "x2"]].to_numpy()
+        x[np.isnan(x)] = np.take(np.nanmedian(x, axis=0), np.nonzero(np.isnan(x))[1])
+        design = np.column_stack([np.ones(len(x)), x])
+        penalty = 0.01 * np.diag([0.0, 1.0, 1.0])
+        coef = np.linalg.solve(design.T @ design + penalty, design.T @ rows.y.to_numpy())
+        mask = (frame.store == store).to_numpy()
+        mine = frame.loc[mask, ["x1", "x2"]].to_numpy()
+        mine[np.isnan(mine)] = np.take(np.nanmedian(rows[["x1", "x2"]].to_numpy(), axis=0),
+                                       np.nonzero(np.isnan(mine))[1])
+        np.testing.assert_allclose(predicted[mask], coef[0] + mine @ coef[1:], rtol=1e-8)
+
+
+def test_nothing_outside_kinds_names_a_builtin_kind():
+    """Kind names are looked up in raybricks.kinds only: no other module of raybricks holds
+    a built-in kind's name as a string (documentation and the import names of
+    distributions, ``_MODULES``, aside)."""
+    found = []
+    for path in SRC.rglob("*.py"):
+        if "kinds" in path.relative_to(SRC).parts:
+            continue
+        tree = ast.parse(path.read_text())
+        docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                      if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef)
+                      and node.body and isinstance(node.body[0], ast.Expr)}
+        docstrings |= {id(constant) for node in ast.walk(tree) if isinstance(node, ast.Assign)
+                       and any(getattr(t, "id", None) == "_MODULES" for t in node.targets)
+                       for constant in ast.walk(node.value)}
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Constant) and node.value in kinds.BUILTIN
+                    and id(node) not in docstrings):
+                found.append(f"{path.relative_to(SRC)}:{node.lineno} {node.value!r}")
+    assert not found, found
