@@ -71,8 +71,7 @@ def train_model(workdir: Path, segments: int, seed: int) -> str:
         "ensemble": "best", "registry": {"name": MODEL, "promote": "always"},
         "training": {"output_dir": str(workdir / "runs"), "progress": False},
     })
-    result = train(config)
-    print(result.summary())
+    print(train(config).summary())
     return f"models:/{MODEL}@champion"
 
 

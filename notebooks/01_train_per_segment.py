@@ -46,8 +46,9 @@ print(yaml.safe_dump(config.model_dump(mode="json", exclude_defaults=True), sort
 
 # COMMAND ----------
 
-result = raybricks.train(config, spark, register=dbutils.widgets.get("register") == "yes")
-print(result.summary())
+report = raybricks.train(config, spark, register=dbutils.widgets.get("register") == "yes")
+print(report.summary())
+result = report.result
 
 # COMMAND ----------
 
@@ -65,7 +66,7 @@ display(result.segments)
 
 import pandas as pd
 
-display(pd.DataFrame(list(result.timings.items()), columns=["stage", "seconds"]))
+display(pd.DataFrame(list(report.timings.items()), columns=["stage", "seconds"]))
 
 # COMMAND ----------
 
@@ -74,7 +75,7 @@ display(pd.DataFrame(list(result.timings.items()), columns=["stage", "seconds"])
 
 # COMMAND ----------
 
-publication = result.publication
+publication = report.publication
 if publication is None:
     print("not logged to MLflow (register = no)")
 else:

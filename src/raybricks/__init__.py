@@ -5,7 +5,7 @@ from raybricks.config import ClusterConfig, JobConfig
 from raybricks.data import SegmentedDataset, to_ray_dataset
 from raybricks.errors import ClusterError, ConfigError, DataError, RaybricksError, SetupError
 from raybricks.flights_demo import run as demo
-from raybricks.pipeline import train
+from raybricks.pipeline import TrainingReport, train
 from raybricks.scoring import ScoreSummary, score
 from raybricks.session import local_spark_session
 from raybricks.tracking import Publication, RegistryError, publish, register_run
@@ -37,5 +37,6 @@ __all__ = [
     "to_ray_dataset",
     "train",
     "train_segments",
+    "TrainingReport",
     "TrainingResult",
 ]

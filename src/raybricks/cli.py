@@ -21,12 +21,12 @@ def run_train(args: argparse.Namespace) -> int:
     from raybricks.pipeline import train
 
     config = JobConfig.load(args.config, args.set)
-    result = train(config)
-    print(result.summary())
-    print(f"results and models: {result.run_dir}")
-    if result.publication is not None:
-        print(result.publication.describe())
-    return 1 if result.counts()["trained"] == 0 else 0
+    report = train(config)
+    print(report.summary())
+    print(f"results and models: {report.result.run_dir}")
+    if report.publication is not None:
+        print(report.publication.describe())
+    return 1 if report.result.counts()["trained"] == 0 else 0
 
 
 def add_score_arguments(parser: argparse.ArgumentParser) -> None:

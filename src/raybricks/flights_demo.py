@@ -24,7 +24,7 @@ from raybricks.session import save_table
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-    from raybricks.training import TrainingResult
+    from raybricks.pipeline import TrainingReport
 
 DATABASE = "raybricks_demo"
 TABLE = f"{DATABASE}.flights"
@@ -108,14 +108,15 @@ def holdout_report(scored: DataFrame, training: DataFrame) -> dict[str, float]:
     return {"model_mae": rows["model"], "naive_mae": rows["naive"], "rows": rows["rows"]}
 
 
-def report(result: TrainingResult, holdout: dict[str, float], stages: Stages,
+def report(trained_report: TrainingReport, holdout: dict[str, float], stages: Stages,
            scoring_summary) -> str:
     """What the demo prints at the end."""
+    result = trained_report.result
     counts = result.counts()
     trained = result.segments[result.segments.status == "trained"]
     m = result.metric
     winners = trained["chosen"].map(json.loads).explode().value_counts()
-    publication = result.publication
+    publication = trained_report.publication
     lines = [
         "",
         "=" * 72,
@@ -147,7 +148,7 @@ def report(result: TrainingResult, holdout: dict[str, float], stages: Stages,
     lines += ["", "wall time per stage (s): " + ", ".join(
         f"{k} {v:.1f}" for k, v in stages.seconds.items()
     ) + f"; total {sum(stages.seconds.values()):.1f}"]
-    name = result.publication.name if publication else "raybricks_demo.flights.route_delay"
+    name = publication.name if publication else "raybricks_demo.flights.route_delay"
     lines += [
         "",
         "next:",
@@ -178,15 +179,15 @@ def run(config_path: Path = CONFIG, overrides: list[str] | None = None) -> int:
         rows, holdout_rows = write_flights_tables(spark)
         print(f"wrote {TABLE}: {rows:,} flights ({holdout_rows:,} in Nov-Dec, held out)")
         stages.mark("table")
-        result = train(config, spark)
-        stages.add(result.timings)
+        trained = train(config, spark)
+        stages.add(trained.timings)
         summary = score(f"models:/{config.registry.name}@{config.registry.alias}",
                         HOLDOUT_TABLE, SCORED_TABLE, spark=spark)
         stages.mark("scoring")
         holdout = holdout_report(spark.table(SCORED_TABLE),
                                  spark.table(TABLE).where(config.source.where or "true"))
-        print(report(result, holdout, stages, summary))
+        print(report(trained, holdout, stages, summary))
     finally:
         if owned:
             spark.stop()
-    return 0 if result.counts()["trained"] else 1
+    return 0 if trained.result.counts()["trained"] else 1

@@ -22,6 +22,7 @@ import pyarrow.parquet as pq
 
 from raybricks import kinds, metrics
 from raybricks.data import segment_starts
+from raybricks.results import TrainingResult, read_parts, rows_to_table
 from raybricks.segmented_model import (
     CLASSIFICATION,
     FALLBACK,
@@ -33,7 +34,6 @@ from raybricks.segmented_model import (
     shard_name,
     trained_versions,
 )
-from raybricks.training.engine import TrainingResult, read_parts, rows_to_table
 
 FORMAT_VERSION = 1
 SEGMENTS_PER_ROW_GROUP = 256

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from raybricks import kinds
@@ -26,6 +27,8 @@ from raybricks.training.segment import make_plan
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
+
+    from raybricks.tracking import Publication
 
 log = logging.getLogger(__name__)
 
@@ -68,15 +71,31 @@ def reconcile(result: TrainingResult, source_segments: int) -> dict[str, int]:
         )
     log.info("accounting: %d segments in the source = %d trained + %d skipped + %d failed",
              source_segments, counts["trained"], counts["skipped"], counts["failed"])
-    result.accounting = accounting
     return accounting
+
+
+@dataclass(frozen=True)
+class TrainingReport:
+    """What ``train`` did: the training ``result``, what MLflow logged and registered
+    (``publication``; None when not registering), the wall seconds of every stage and the
+    ``accounting`` of the result against the source's distinct segments."""
+
+    result: TrainingResult
+    publication: Publication | None
+    timings: dict[str, float]
+    accounting: dict[str, int]
+
+    def summary(self) -> str:
+        """The result's summary and the accounting."""
+        return (f"{self.result.summary()}\naccounting: {self.accounting['source_segments']} "
+                "segments in the source = trained + skipped + failed")
 
 
 def train(
     config: JobConfig, spark: SparkSession | None = None, *, register: bool = True
-) -> TrainingResult:
+) -> TrainingReport:
     """Train every segment of the configured source, then (``register``) log one MLflow
-    run and register the model; ``result.publication`` says what the registry did."""
+    run and register the model; the report says what each stage did."""
     from raybricks import tracking
 
     timings: dict[str, float] = {}
@@ -107,21 +126,22 @@ def train(
         timings["data"] = time.perf_counter() - start - sum(timings.values())
         result = train_segments(segmented, config)
         timings["training"] = time.perf_counter() - start - sum(timings.values())
-    result.timings = timings
-    reconcile(result, count_segments(df, segmented.segment_by))
+    accounting = reconcile(result, count_segments(df, segmented.segment_by))
     timings["accounting"] = time.perf_counter() - start - sum(timings.values())
+    publication = None
     if register:
-        result.publication = publish(result, config)
+        publication = publish(result, config, timings, accounting)
         timings["registry"] = time.perf_counter() - start - sum(timings.values())
-    return result
+    return TrainingReport(result, publication, timings, accounting)
 
 
-def publish(result: TrainingResult, config: JobConfig):
+def publish(result: TrainingResult, config: JobConfig, timings: dict[str, float] | None = None,
+            accounting: dict[str, int] | None = None) -> Publication:
     """``tracking.publish``; a failure says how to retry without training again."""
     from raybricks import tracking
 
     try:
-        return tracking.publish(result, config)
+        return tracking.publish(result, config, timings=timings, accounting=accounting)
     except tracking.RegistryError:
         raise  # already says what to retry (register_run with the MLflow run)
     except Exception as exc:

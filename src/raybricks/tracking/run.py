@@ -18,6 +18,7 @@ from raybricks.compat import log_run_metrics
 from raybricks.config import JobConfig
 from raybricks.metrics import metric
 from raybricks.packaging import package_result
+from raybricks.results import FAILED, SKIPPED, TRAINED, TrainingResult
 from raybricks.tracking.model import log_segmented_model
 from raybricks.tracking.registration import (
     Publication,
@@ -26,8 +27,6 @@ from raybricks.tracking.registration import (
     register_and_promote,
 )
 from raybricks.tracking.target import check_registry_name, configure_tracking, experiment_id
-from raybricks.training.engine import TrainingResult
-from raybricks.training.segment import FAILED, SKIPPED, TRAINED
 
 log = logging.getLogger(__name__)
 
@@ -51,9 +50,11 @@ def flatten(value: Any, prefix: str = "") -> dict[str, str]:
     return flat
 
 
-def aggregate_metrics(result: TrainingResult, candidates: list[str]) -> dict[str, float]:
+def aggregate_metrics(result: TrainingResult, candidates: list[str],
+                      timings: dict[str, float] | None = None,
+                      accounting: dict[str, int] | None = None) -> dict[str, float]:
     """Segment counts, the distribution of each validation metric, wins over the baseline,
-    the wall time per stage."""
+    the wall time per stage (``timings``) and the ``accounting`` against the source."""
     counts = result.counts()
     out: dict[str, float] = {f"segments_{s}": float(n) for s, n in counts.items()}
     out["segments_total"] = float(sum(counts.values()))
@@ -72,10 +73,10 @@ def aggregate_metrics(result: TrainingResult, candidates: list[str]) -> dict[str
     if len(trained) and f"baseline_{m}" in trained:
         out["share_beats_baseline"] = metric(m).beats(
             trained[f"metric_{m}"].astype(float), trained[f"baseline_{m}"].astype(float))
-    for stage, seconds in result.timings.items():
+    for stage, seconds in (timings or {}).items():
         out[f"seconds_{stage}"] = float(seconds)
     out["seconds_train_segments"] = float(result.seconds)
-    for key, count in result.accounting.items():  # set by raybricks.train's reconcile
+    for key, count in (accounting or {}).items():  # raybricks.train's reconcile
         out[f"accounting_{key}"] = float(count)
     return out
 
@@ -166,8 +167,11 @@ def version_tags(result: TrainingResult, config: JobConfig, metrics: dict[str, f
     return tags
 
 
-def publish(result: TrainingResult, config: JobConfig) -> Publication:
-    """Log the job's run and model, register a version, apply the promotion rule."""
+def publish(result: TrainingResult, config: JobConfig, *,
+            timings: dict[str, float] | None = None,
+            accounting: dict[str, int] | None = None) -> Publication:
+    """Log the job's run and model, register a version, apply the promotion rule (with
+    the job's wall time per stage and accounting, when given, among the run's metrics)."""
     import mlflow
 
     target = configure_tracking()
@@ -182,7 +186,8 @@ def publish(result: TrainingResult, config: JobConfig) -> Publication:
                          "raybricks.config_hash": config.config_hash()})
         mlflow.log_params(flatten(config.model_dump(mode="json")))
         mlflow.log_dict(config.model_dump(mode="json"), "config.json")
-        metrics = aggregate_metrics(result, [c.name for c in config.models])
+        metrics = aggregate_metrics(result, [c.name for c in config.models], timings,
+                                    accounting)
         log_run_metrics(metrics)
         log_tables(result)
         log_plots(result)

@@ -1,5 +1,6 @@
 """Per-segment training: the segment logic, the packed engine, the large-segment path."""
 
-from raybricks.training.engine import TrainingResult, train_segments
+from raybricks.results import TrainingResult
+from raybricks.training.engine import train_segments
 
 __all__ = ["TrainingResult", "train_segments"]

@@ -31,24 +31,32 @@ import threading
 import time
 import uuid
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from raybricks import kinds
 from raybricks.compat import thread_limiter
 from raybricks.config import JobConfig
 from raybricks.data import SegmentedDataset, segment_bounds
 from raybricks.errors import ConfigError
-from raybricks.metrics import metric
+from raybricks.results import (
+    FAILED,
+    TRAINED,
+    Outcome,
+    TrainingResult,
+    parquet_bytes,
+    read_parts,
+    rows_to_table,
+    write_part,
+)
 from raybricks.training import segment as seg
 from raybricks.training.search import trial_settings
-from raybricks.training.segment import FAILED, SKIPPED, TRAINED, Plan
+from raybricks.training.segment import Plan
 
 log = logging.getLogger(__name__)
 
@@ -58,134 +66,10 @@ FALLBACK_ROWS = 1_000_000
 # --------------------------------------------------------------------------- results
 
 
-@dataclass
-class TrainingResult:
-    """Per-segment results and where the fitted models are stored.
-
-    ``segments``: one row per segment (keys, status, reason, chosen candidates and
-    weights, validation metric of the ensemble, of every candidate and of the baseline,
-    row counts, fit seconds). ``models()``: segment keys -> serialized members
-    (candidate, kind, weight, params, payload, meta), read from the run directory.
-    ``fallback``: the global model's serialized members, if one was trained.
-    """
-
-    run_id: str
-    run_dir: Path
-    segment_by: list[str]
-    metric: str
-    segments: pd.DataFrame
-    fallback: list[dict[str, Any]] | None
-    seconds: float
-    timings: dict[str, float] = field(default_factory=dict)  # wall seconds per stage
-    task: str = "regression"
-    features: list[str] = field(default_factory=list)
-    example: pd.DataFrame | None = None  # a few input rows (segment columns and features)
-    publication: Any = None  # set by raybricks.train: what MLflow logged and registered
-    accounting: dict[str, int] = field(default_factory=dict)  # set by raybricks.train
-
-    def models(self) -> pa.Table:
-        return read_parts(self.run_dir / "models")
-
-    def counts(self) -> dict[str, int]:
-        counts = self.segments["status"].value_counts().to_dict()
-        return {s: int(counts.get(s, 0)) for s in (TRAINED, SKIPPED, FAILED)}
-
-    def skip_reasons(self, limit: int | None = None) -> str:
-        """Skipped segments counted by reason (the text before its first colon), most
-        common first: ``too few rows (15), no target (1)``."""
-        reasons = self.segments.loc[self.segments.status == SKIPPED, "reason"]
-        top = reasons.str.split(":").str[0].value_counts().head(limit)
-        return ", ".join(f"{r} ({n})" for r, n in top.items())
-
-    def summary(self) -> str:
-        """Counts per status and the distribution of the validation metric."""
-        counts = self.counts()
-        total = sum(counts.values())
-        lines = [
-            f"run {self.run_id}: {total} segments in {self.seconds:.1f}s "
-            f"({total / max(self.seconds, 1e-9):.1f}/s): "
-            + ", ".join(f"{n} {s}" for s, n in counts.items())
-        ]
-        column = f"metric_{self.metric}"
-        if column in self.segments and counts[TRAINED]:
-            values = self.segments.loc[self.segments.status == TRAINED, column].astype(float)
-            q = values.quantile([0.1, 0.5, 0.9])
-            lines.append(
-                f"{self.metric}: p10 {q[0.1]:.4g}  median {q[0.5]:.4g}  p90 {q[0.9]:.4g}  "
-                f"mean {values.mean():.4g}"
-            )
-            base = self.segments.loc[self.segments.status == TRAINED, f"baseline_{self.metric}"]
-            share = metric(self.metric).beats(values, base)
-            lines.append(f"beats the naive baseline: {share:.0%}")
-        if counts[SKIPPED]:
-            lines.append("skipped: " + self.skip_reasons(limit=5))
-        if counts[FAILED]:
-            first = self.segments.loc[self.segments.status == FAILED, "reason"].iloc[0]
-            lines.append(f"failed: {counts[FAILED]}, e.g. {first}")
-        if self.accounting:
-            lines.append(f"accounting: {self.accounting['source_segments']} segments in the "
-                         "source = trained + skipped + failed")
-        return "\n".join(lines)
-
-
-def write_part(directory: Path, name: str, data: bytes) -> None:
-    """Write a Parquet part atomically (a crash never leaves half a file)."""
-    directory.mkdir(parents=True, exist_ok=True)
-    tmp = directory / f".{name}.tmp"
-    tmp.write_bytes(data)
-    os.replace(tmp, directory / f"{name}.parquet")
-
-
-def parquet_bytes(table: pa.Table) -> bytes:
-    """A table as the bytes of a Parquet file (no bytes for an empty table)."""
-    if not table.num_rows:
-        return b""
-    sink = pa.BufferOutputStream()
-    pq.write_table(table, sink)
-    return sink.getvalue().to_pybytes()
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """A batch of result rows and serialized models, encoded as Parquet files. Tasks
-    encode their own, so the driver only writes bytes it never decodes."""
-
-    segments: int
-    results: bytes
-    models: bytes
-
-    @classmethod
-    def of(cls, results: pa.Table, models: pa.Table) -> Outcome:
-        return cls(results.num_rows, parquet_bytes(results), parquet_bytes(models))
-
-    def write(self, run_dir: Path, name: str) -> None:
-        """Write the batch as parts of the run; models first, so a result row (what
-        ``resume`` goes by) never exists without its models."""
-        for directory, data in (("models", self.models), ("results", self.results)):
-            if data:
-                write_part(run_dir / directory, name, data)
-
-
 def keyed_members(plan: Plan, key: tuple, members: list[dict[str, Any]]) -> list[dict]:
     """A segment's serialized members, each with the segment's key columns."""
     keys = dict(zip(plan.segment_by, key, strict=True))
     return [keys | member for member in members]
-
-
-def read_parts(directory: Path) -> pa.Table:
-    """The parts of a run's ``results`` or ``models`` as one table, read in parallel (every
-    part of a run is written with the same schema)."""
-    files = sorted(directory.glob("*.parquet")) if directory.exists() else []
-    if not files:
-        return pa.table({})
-    return pq.read_table([str(f) for f in files])
-
-
-def rows_to_table(rows: list[dict[str, Any]]) -> pa.Table:
-    """Rows of dicts (serialized members, the fallback) as one table."""
-    if not rows:
-        return pa.table({})
-    return pa.Table.from_pandas(pd.DataFrame(rows), preserve_index=False)
 
 
 # --------------------------------------------------------------------------- tasks

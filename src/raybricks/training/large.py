@@ -34,6 +34,7 @@ from raybricks import kinds, metrics
 from raybricks.compat import train_scaling, tune_report, tune_run_config
 from raybricks.config import CandidateConfig, JobConfig
 from raybricks.kinds import prepare_features
+from raybricks.results import Outcome
 from raybricks.segmented_model import MemberModel
 from raybricks.training import segment as seg
 from raybricks.training.segment import Plan
@@ -51,7 +52,7 @@ def data_parallel(candidate: CandidateConfig) -> bool:
 
 def train_large_segments(refs, large_keys, plan: Plan, config: JobConfig, run_dir: Path):
     """Train every large segment; write its result row and members like the engine does."""
-    from raybricks.training.engine import Outcome, keyed_members
+    from raybricks.training.engine import keyed_members
 
     for block_ref, keys in zip(refs, large_keys, strict=True):
         for key in keys:

@@ -23,9 +23,14 @@ from raybricks import kinds, metrics
 from raybricks.config import CandidateConfig, JobConfig
 from raybricks.errors import DataError
 from raybricks.kinds import CLASSIFICATION, ModelKind, filled_input, prepare_features
+from raybricks.results import (
+    FAILED,
+    SKIPPED,
+    TRAINED,
+    members_schema,
+    result_schema,
+)
 from raybricks.training.search import trial_settings
-
-TRAINED, SKIPPED, FAILED = "trained", "skipped", "failed"
 
 
 @dataclass
@@ -434,37 +439,15 @@ def best_of(found: list[Evaluation], candidate: CandidateConfig, plan: Plan) -> 
     return dataclasses.replace(best, candidate=candidate)
 
 
-def result_schema(plan: Plan) -> pa.Schema:
-    """The columns of every result row, in order: every part of a run has this schema,
-    whichever statuses its segments ended in, so the parts read as one table."""
-    metric = plan.metric
-    scores = [f"baseline_{metric}", *(f"{c.name}_{metric}" for c in plan.candidates),
-              f"metric_{metric}"]
-    return pa.schema([
-        *key_fields(plan),
-        pa.field("status", pa.string()), pa.field("reason", pa.string()),
-        pa.field("n_rows", pa.int64()), pa.field("n_valid", pa.int64()),
-        *(pa.field(name, pa.float64()) for name in scores),
-        pa.field("chosen", pa.string()), pa.field("weights", pa.string()),
-        pa.field("fit_seconds", pa.float64()),
-    ])
-
-
 def results_table(rows: list[dict[str, Any]], plan: Plan) -> pa.Table:
-    """Result rows as a table of ``result_schema`` (a column no row has is all null)."""
-    return pa.Table.from_pylist(rows, schema=result_schema(plan))
-
-
-MEMBER_FIELDS = [
-    pa.field("candidate", pa.string()), pa.field("kind", pa.string()),
-    pa.field("weight", pa.float64()), pa.field("params", pa.string()),
-    pa.field("payload", pa.binary()), pa.field("meta", pa.string()),
-]
+    """Result rows as a table of the run's result schema (a column no row has is null)."""
+    schema = result_schema(key_fields(plan), plan.metric, [c.name for c in plan.candidates])
+    return pa.Table.from_pylist(rows, schema=schema)
 
 
 def members_table(rows: list[dict[str, Any]], plan: Plan) -> pa.Table:
     """Serialized members keyed by their segment (``engine.keyed_members``) as a table."""
-    return pa.Table.from_pylist(rows, schema=pa.schema(key_fields(plan) + MEMBER_FIELDS))
+    return pa.Table.from_pylist(rows, schema=members_schema(key_fields(plan)))
 
 
 def key_fields(plan: Plan) -> list[pa.Field]:
