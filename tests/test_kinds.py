@@ -69,7 +69,8 @@ def test_catboost_is_a_kind_that_beats_the_baseline_and_serves_without_raybricks
     trained = rows[rows.status == "trained"]
     assert len(trained) == 8  # categorical colour and missing x2 handled by CatBoost
     assert (trained.metric_rmse < trained.baseline_rmse).all()
-    assert set(result.models().column("kind").to_pylist()) == {"catboost"}
+    # trained segments hold CatBoost members; skipped ones their baseline
+    assert set(result.models().column("kind").to_pylist()) == {"catboost", "baseline"}
 
     publication = tracking.publish(result, config)
     uri = f"models:/tests.kinds.catboost/{publication.version}"
@@ -138,23 +139,29 @@ def test_a_users_kind_trains_registers_and_serves_without_raybricks(shops_ds, tm
         np.testing.assert_allclose(predicted[mask], coef[0] + mine @ coef[1:], rtol=1e-8)
 
 
-def test_nothing_outside_kinds_names_a_builtin_kind():
-    """Kind names are looked up in raybricks.kinds only: no other module of raybricks holds
-    a built-in kind's name as a string (documentation and the import names of
-    distributions, ``_MODULES``, aside)."""
+def test_nothing_outside_kinds_compares_or_tabulates_kind_names():
+    """Kind names are looked up in raybricks.kinds only: no other module of raybricks
+    compares a ``.kind`` with a string, or keeps a table (dict, set, tuple, list) of
+    built-in kind names."""
     found = []
     for path in SRC.rglob("*.py"):
         if "kinds" in path.relative_to(SRC).parts:
             continue
-        tree = ast.parse(path.read_text())
-        docstrings = {id(node.body[0].value) for node in ast.walk(tree)
-                      if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef)
-                      and node.body and isinstance(node.body[0], ast.Expr)}
-        docstrings |= {id(constant) for node in ast.walk(tree) if isinstance(node, ast.Assign)
-                       and any(getattr(t, "id", None) == "_MODULES" for t in node.targets)
-                       for constant in ast.walk(node.value)}
-        for node in ast.walk(tree):
-            if (isinstance(node, ast.Constant) and node.value in kinds.BUILTIN
-                    and id(node) not in docstrings):
-                found.append(f"{path.relative_to(SRC)}:{node.lineno} {node.value!r}")
+        for node in ast.walk(ast.parse(path.read_text())):
+            where = f"{path.relative_to(SRC)}:{getattr(node, 'lineno', 0)}"
+            if isinstance(node, ast.Compare):
+                sides = [node.left, *node.comparators]
+                names_kind = any(  # candidate.kind, member.kind (not numpy's dtype.kind)
+                    isinstance(side, ast.Attribute) and side.attr == "kind"
+                    and getattr(side.value, "attr", None) != "dtype" for side in sides)
+                strings = any(isinstance(side, ast.Constant) and isinstance(side.value, str)
+                              for side in ast.walk(node))
+                if names_kind and strings:
+                    found.append(f"{where} compares a kind with a string")
+            elif isinstance(node, ast.Dict | ast.Set | ast.Tuple | ast.List):
+                items = node.keys if isinstance(node, ast.Dict) else node.elts
+                named = {i.value for i in items if isinstance(i, ast.Constant)} & set(
+                    kinds.BUILTIN) - {"baseline", "global"}  # also the selection's labels
+                if len(named) >= 2:
+                    found.append(f"{where} tabulates kinds {sorted(named)}")
     assert not found, found

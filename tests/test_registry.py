@@ -38,13 +38,14 @@ def trained(ds, tmp_path_factory, **changes):
 @pytest.fixture(scope="module")
 def shops_result(shops_ds, tmp_path_factory):
     return trained(shops_ds, tmp_path_factory, models=STRONG, ensemble="weighted",
-                   fallback="global")
+                   fallback="global", selection="local_only")
 
 
 @pytest.fixture(scope="module")
 def shops_publication(shops_result, tmp_path_factory):
     config = job(tmp_path_factory.mktemp("cfg"), models=STRONG, ensemble="weighted",
-                 fallback="global", registry={"name": "tests.shops.model"})
+                 fallback="global", selection="local_only",
+                 registry={"name": "tests.shops.model"})
     return tracking.publish(shops_result, config)
 
 

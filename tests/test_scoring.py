@@ -29,7 +29,7 @@ def champion(shops_result, tmp_path_factory):  # noqa: F811
     from tests.test_registry import STRONG
 
     config = job(tmp_path_factory.mktemp("cfg"), models=STRONG, fallback="global",
-                 registry={"name": MODEL, "promote": "always"})
+                 selection="local_only", registry={"name": MODEL, "promote": "always"})
     publication = tracking.publish(shops_result, config)
     return f"models:/{MODEL}@champion", publication
 

@@ -43,7 +43,8 @@ def shops_ds(ray_on_spark, spark):
 
 @pytest.fixture(scope="module")
 def shops_result(shops_ds, tmp_path_factory):
-    config = job(tmp_path_factory.mktemp("runs"), ensemble="weighted", fallback="global")
+    config = job(tmp_path_factory.mktemp("runs"), ensemble="weighted", fallback="global",
+                 selection="local_only")
     return train_segments(shops_ds, config)
 
 
@@ -93,7 +94,8 @@ def test_models_reload_natively_and_predict_unseen_and_missing(shops_result):
 
 
 def test_same_config_same_models_and_metrics(shops_ds, shops_result, tmp_path):
-    again = train_segments(shops_ds, job(tmp_path, ensemble="weighted", fallback="global"))
+    again = train_segments(shops_ds, job(tmp_path, ensemble="weighted", fallback="global",
+                                         selection="local_only"))
     columns = ["store", "status", "metric_rmse", "ridge_rmse", "lgbm_rmse", "xgb_rmse"]
     first = shops_result.segments[columns].sort_values("store").reset_index(drop=True)
     second = again.segments[columns].sort_values("store").reset_index(drop=True)
@@ -241,7 +243,7 @@ def test_large_segment_without_boosting_candidates_trains_in_one_task(
                            "progress": False})
     rows = by_store(train_segments(ds, config))
     assert list(rows.status) == ["skipped", "trained", "trained"]  # few, s0, s5 (110 rows)
-    assert rows.loc["s5", "n_rows"] == 110 and rows.loc["s5", "chosen"] == '["ridge"]'
+    assert rows.loc["s5", "n_rows"] == 110 and rows.loc["s5", "chosen"] == '["local:ridge"]'
 
 
 def test_packed_tasks_cover_every_segment_to_train_once_in_shrinking_runs():

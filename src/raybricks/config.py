@@ -80,6 +80,10 @@ class ClusterConfig(StrictModel):
 Task = Literal["regression", "binary", "multiclass"]
 
 
+#: Names of the members that per-segment selection adds beside the candidates.
+RESERVED_NAMES = ("baseline", "global")
+
+
 class SourceConfig(StrictModel):
     """Where the training rows come from: a table name or a path, and a row filter."""
 
@@ -221,6 +225,8 @@ class JobConfig(StrictModel):
     refit: bool = True
     min_rows: int = 30
     fallback: Literal["global", "none"] = "none"
+    selection: Literal["all", "local_only"] = "all"
+    global_segment_features: bool = False
     seed: int = 42
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
     data: DataConfig = Field(default_factory=DataConfig)
@@ -266,6 +272,10 @@ class JobConfig(StrictModel):
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:
             raise ValueError(f"duplicate candidate names in models: {duplicates}")
+        reserved = sorted(set(names) & set(RESERVED_NAMES))
+        if reserved:
+            raise ValueError(f"candidate name(s) {reserved} are reserved for the naive baseline "
+                             "and the global model: rename the candidate(s)")
         return self
 
     @property

@@ -8,6 +8,7 @@ tasks finish, and returns a ``TrainingResult``; packaging and tracking only read
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -110,6 +111,29 @@ def rows_to_table(rows: list[dict[str, Any]]) -> pa.Table:
     return pa.Table.from_pandas(pd.DataFrame(rows), preserve_index=False)
 
 
+# --------------------------------------------------------------------------- choices
+
+CHOICES = ("local", "global", "baseline", "blend")
+
+
+def choice_of(chosen: str | None) -> str | None:
+    """What a segment's ``chosen`` (a JSON list of member labels) amounts to: ``local``,
+    ``global``, ``baseline``, or ``blend`` (several members); None without a choice."""
+    if not isinstance(chosen, str):
+        return None
+    labels = json.loads(chosen)
+    if len(labels) != 1:
+        return "blend" if labels else None
+    return labels[0] if labels[0] in ("global", "baseline") else "local"
+
+
+def choice_counts(segments: pd.DataFrame) -> dict[str, int]:
+    """Trained segments per choice (local, global, baseline, blend)."""
+    trained = segments.loc[segments.status == TRAINED, "chosen"]
+    found = trained.map(choice_of).value_counts().to_dict()
+    return {choice: int(found.get(choice, 0)) for choice in CHOICES}
+
+
 # --------------------------------------------------------------------------- the result
 
 
@@ -169,6 +193,8 @@ class TrainingResult:
             base = self.segments.loc[self.segments.status == TRAINED, f"baseline_{self.metric}"]
             share = metric(self.metric).beats(values, base)
             lines.append(f"beats the naive baseline: {share:.0%}")
+            choices = choice_counts(self.segments)
+            lines.append("chosen: " + ", ".join(f"{n} {c}" for c, n in choices.items() if n))
         if counts[SKIPPED]:
             lines.append("skipped: " + self.skip_reasons(limit=5))
         if counts[FAILED]:

@@ -130,26 +130,54 @@ class MemberModel:
         return raw
 
 
-class SegmentModel:
-    """A segment's ensemble: the weighted mean of its members' predictions."""
+def align_classes(raw: np.ndarray, classes: list, to: list) -> np.ndarray:
+    """Class probabilities over ``classes`` as probabilities over ``to`` (classes missing
+    from ``classes`` get 0; rows renormalised, uniform where nothing is left)."""
+    position = {c: i for i, c in enumerate(classes)}
+    out = np.zeros((raw.shape[0], len(to)))
+    for j, c in enumerate(to):
+        if c in position:
+            out[:, j] = raw[:, position[c]]
+    total = out.sum(axis=1, keepdims=True)
+    return np.where(total > 0, out / np.where(total > 0, total, 1), 1.0 / len(to))
 
-    def __init__(self, members: list[tuple[MemberModel, float]]) -> None:
+
+class SegmentModel:
+    """A segment's ensemble: the weighted mean of its members' predictions. Members of a
+    kind that ``uses_fallback`` predict with ``fallback`` (the global model)."""
+
+    def __init__(self, members: list[tuple[MemberModel, float]],
+                 fallback: SegmentModel | None = None) -> None:
         self.members = members
         self.meta = members[0][0].meta
+        self.fallback = fallback
 
     @classmethod
-    def from_rows(cls, rows: list[dict[str, Any]]) -> SegmentModel:
+    def from_rows(cls, rows: list[dict[str, Any]], fallback: SegmentModel | None = None
+                  ) -> SegmentModel:
         """Build from stored rows with ``kind``, ``payload``, ``meta`` (JSON), ``weight``."""
         return cls(
             [
                 (MemberModel(row["kind"], row["payload"], json.loads(row["meta"])), row["weight"])
                 for row in rows
-            ]
+            ],
+            fallback,
         )
+
+    def _member_predict(self, member: MemberModel, frame: pd.DataFrame) -> np.ndarray:
+        if not member.kind.uses_fallback:
+            return member.predict(frame)
+        if self.fallback is None:
+            raise ValueError("a member uses the global model, which this model does not have")
+        raw = self.fallback.predict_raw(frame)
+        if self.meta["task"] not in CLASSIFICATION:
+            return raw
+        return align_classes(raw, self.fallback.meta["classes"], self.meta["classes"])
 
     def predict_raw(self, frame: pd.DataFrame) -> np.ndarray:
         total = sum(weight for _, weight in self.members)
-        return sum(member.predict(frame) * (weight / total) for member, weight in self.members)
+        return sum(self._member_predict(member, frame) * (weight / total)
+                   for member, weight in self.members)
 
     def predict(self, frame: pd.DataFrame, probabilities: bool = False) -> np.ndarray:
         """Values for regression; class labels (or probabilities) for classification."""
@@ -262,7 +290,8 @@ class SegmentStore:
                 if key in needed:
                     members.setdefault(key, []).append(row)
             for key, member_rows in members.items():
-                found[key] = self._remember(key, SegmentModel.from_rows(member_rows))
+                found[key] = self._remember(key, SegmentModel.from_rows(member_rows,
+                                                                        self.fallback))
         return found
 
     def _remember(self, key: tuple, model: SegmentModel) -> SegmentModel:

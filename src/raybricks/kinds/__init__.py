@@ -35,6 +35,8 @@ BUILTIN = {
     "sklearn": "sklearn:SklearnKind",
     "function": "function:FunctionKind",
     "catboost": "catboost:CatBoostKind",
+    "baseline": "baseline:BaselineKind",
+    "global": "pooled:GlobalKind",
 }
 
 

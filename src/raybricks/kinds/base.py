@@ -171,6 +171,8 @@ class ModelKind:
     shipped: ClassVar[bool] = True
     #: Extra pip requirements of the registered model (``library`` is pinned anyway).
     requirements: ClassVar[tuple[str, ...]] = ()
+    #: Whether the member predicts with the segmented model's global (fallback) model.
+    uses_fallback: ClassVar[bool] = False
 
     def __init__(self, candidate: Any) -> None:
         self.candidate = candidate

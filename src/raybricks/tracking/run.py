@@ -18,7 +18,7 @@ from raybricks.compat import log_run_metrics
 from raybricks.config import JobConfig
 from raybricks.metrics import metric
 from raybricks.packaging import package_result
-from raybricks.results import FAILED, SKIPPED, TRAINED, TrainingResult
+from raybricks.results import FAILED, SKIPPED, TRAINED, TrainingResult, choice_counts
 from raybricks.tracking.model import log_segmented_model
 from raybricks.tracking.registration import (
     Publication,
@@ -73,6 +73,8 @@ def aggregate_metrics(result: TrainingResult, candidates: list[str],
     if len(trained) and f"baseline_{m}" in trained:
         out["share_beats_baseline"] = metric(m).beats(
             trained[f"metric_{m}"].astype(float), trained[f"baseline_{m}"].astype(float))
+    for choice, count in choice_counts(result.segments).items():
+        out[f"segments_chose_{choice}"] = float(count)
     for stage, seconds in (timings or {}).items():
         out[f"seconds_{stage}"] = float(seconds)
     out["seconds_train_segments"] = float(result.seconds)

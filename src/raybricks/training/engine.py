@@ -265,6 +265,33 @@ def sample_block(block: pa.Table, fraction: float, seed: int, columns: list[str]
     return block.take(np.flatnonzero(rng.random(block.num_rows) < fraction))
 
 
+def global_training_rows(block: pa.Table, plan: Plan, fraction: float, seed: int,
+                         splits: int) -> pa.Table | list[pa.Table]:
+    """Ray task body: per split number, a seeded share of the training rows of that split
+    of every segment of the block (the rows of segments that cannot be trained, whole):
+    what the global models compared with the local ones may learn from (one table for a
+    single split, as Ray's ``num_returns=1`` returns it)."""
+    block = block.select(plan.columns)
+    columns = seg.columns_of(block.to_pandas(), plan)
+    picks: list[list[np.ndarray]] = [[] for _ in range(splits)]
+    for key, start, end in segment_bounds(block, plan.segment_by):
+        try:
+            prep = seg.prepare(columns.rows(slice(start, end)), plan, key)
+        except Exception:  # noqa: BLE001 - not validated: all its rows may teach
+            for pick in picks:
+                pick.append(np.arange(start, end))
+            continue
+        positions = (np.arange(prep.n_rows) if prep.positions is None else prep.positions)
+        for number, (train, _) in enumerate(prep.splits[:splits]):
+            picks[number].append(start + positions[train])
+    rng = np.random.default_rng(seed)
+    tables = []
+    for pick in picks:
+        rows = np.concatenate(pick) if pick else np.array([], dtype=np.int64)
+        tables.append(block.take(rows[rng.random(len(rows)) < fraction]))
+    return tables[0] if splits == 1 else tables
+
+
 def train_fallback(plan: Plan, *samples: pa.Table) -> tuple[dict, list[dict]]:
     """Ray task body: one model over (a sample of) all rows, whatever the segment."""
     frame = pa.concat_tables(samples, promote_options="permissive").to_pandas()
@@ -297,6 +324,13 @@ def train_segments(
         )
     threads = max(int(max(c.resources.num_cpus for c in config.models)), 1)
     plan = seg.make_plan(config, segmented.schema, threads)
+    global_plan = seg.global_plan(seg.replace_plan(plan, threads=max(plan.threads, 1)), config,
+                                  segmented.schema)
+    if config.fallback == "global" and config.selection == "all":
+        members = _split_global_models(segmented.block_refs(), plan, global_plan,
+                                       segmented.num_rows)
+        if all(members):  # every split's global model trained
+            plan = seg.replace_plan(plan, global_members=members, global_token=uuid.uuid4().hex)
     refs = segmented.block_refs()
     previous = read_parts(run_dir / "results") if config.training.resume else pa.table({})
     done = frozenset(
@@ -329,7 +363,7 @@ def train_segments(
         from raybricks.training.large import train_large_segments
 
         train_large_segments(refs, large, plan, config, run_dir)
-    fallback = _run_fallback(refs, plan, config, segmented.num_rows, run_dir)
+    fallback = _run_fallback(refs, global_plan, config, segmented.num_rows, run_dir)
     segments = read_parts(run_dir / "results").to_pandas()
     example = input_example(refs, bounds, segments, plan)
     result = TrainingResult(run_id, run_dir, plan.segment_by, plan.metric, segments,
@@ -486,15 +520,17 @@ def segment_rows(block: pa.Table, plan: Plan, key: tuple) -> pd.DataFrame:
 
 
 def _prepare_slice(block: pa.Table, plan: Plan, key: tuple):
-    """The prepared segment (or the reason it is skipped), kept in the object store."""
+    """The prepared segment, kept in the object store; or, when it cannot be prepared,
+    its finished result (skipped or failed) as ``train_segment`` makes it."""
+    rows = segment_rows(block, plan, key)
     try:
-        return seg.prepare(segment_rows(block, plan, key), plan, key)
-    except Exception as exc:  # noqa: BLE001 - Skip or failure, reported by _finish_segment
-        return exc
+        return seg.prepare(rows, plan, key)
+    except Exception:  # noqa: BLE001 - Skip or failure, reported by _finish_segment
+        return seg.train_segment(rows, key, plan)
 
 
 def _evaluate_setting(prep, plan: Plan, key: tuple, name: str, params: dict):
-    if isinstance(prep, BaseException):
+    if not isinstance(prep, seg.Prepared):
         return None
     candidate = next(c for c in plan.candidates if c.name == name)
     one = seg.replace_search(candidate, params)
@@ -507,17 +543,39 @@ def _finish_segment(prep, plan: Plan, key: tuple, trials: dict[str, list]):
     """Pick each candidate's best setting, ensemble, refit; the segment's result row."""
     import ray
 
-    if isinstance(prep, BaseException):
-        return seg.result_for_error(prep, plan, key), []
+    if not isinstance(prep, seg.Prepared):  # skipped or failed: already its result
+        return prep
     evaluations = []
     for name, refs in trials.items():
         found = [e for e in ray.get(refs) if e is not None]
         candidate = next(c for c in plan.candidates if c.name == name)
         evaluations.append(seg.best_of(found, candidate, plan))
+    evaluations += [seg.evaluate(prep, c, plan, key) for c in plan.pool]
+    if plan.global_members:
+        evaluations.append(seg.evaluate_global(prep, plan, key))
     return seg.finish(prep, evaluations, plan, key)
 
 
-def _run_fallback(refs, plan: Plan, config: JobConfig, num_rows: int, run_dir: Path):
+def _split_global_models(refs, plan: Plan, global_plan: Plan, num_rows: int
+                         ) -> list[list[dict]]:
+    """The global model of each split number, each trained on the training rows of that
+    split of every segment (sampled to at most FALLBACK_ROWS): what every segment's
+    local models compete with on its validation rows."""
+    import ray
+
+    splits = plan.folds if plan.method == "kfold" else 1
+    fraction = min(1.0, FALLBACK_ROWS / max(num_rows, 1))
+    gather = _remote(global_training_rows, num_returns=splits)
+    parts = [gather.remote(ref, plan, fraction, plan.seed + i, splits)
+             for i, ref in enumerate(refs)]
+    if splits == 1:
+        parts = [[part] for part in parts]
+    fits = [_remote(train_fallback).remote(global_plan, *[part[n] for part in parts])
+            for n in range(splits)]
+    return [members for _, members in ray.get(fits)]
+
+
+def _run_fallback(refs, global_plan: Plan, config: JobConfig, num_rows: int, run_dir: Path):
     """The global model over all rows (sampled to at most FALLBACK_ROWS), if asked for."""
     import ray
 
@@ -525,13 +583,12 @@ def _run_fallback(refs, plan: Plan, config: JobConfig, num_rows: int, run_dir: P
         return None
     fraction = min(1.0, FALLBACK_ROWS / max(num_rows, 1))
     sampler = _remote(sample_block)
-    samples = [sampler.remote(ref, fraction, plan.seed + i, plan.columns)
+    samples = [sampler.remote(ref, fraction, global_plan.seed + i, global_plan.columns)
                for i, ref in enumerate(refs)]
-    global_plan = seg.replace_plan(plan, min_rows=2, threads=max(plan.threads, 1))
     row, members = ray.get(_remote(train_fallback).remote(global_plan, *samples))
     (run_dir).mkdir(parents=True, exist_ok=True)
     (run_dir / "fallback.json").write_text(json.dumps(
-        {k: v for k, v in row.items() if k not in plan.segment_by}, default=str))
+        {k: v for k, v in row.items() if k not in global_plan.segment_by}, default=str))
     if members:
         write_part(run_dir, "fallback", parquet_bytes(rows_to_table(members)))
     return members or None

@@ -20,7 +20,7 @@ import pandas as pd
 import pyarrow as pa
 
 from raybricks import kinds, metrics
-from raybricks.config import CandidateConfig, JobConfig
+from raybricks.config import RESERVED_NAMES, CandidateConfig, JobConfig
 from raybricks.errors import DataError
 from raybricks.kinds import CLASSIFICATION, ModelKind, filled_input, prepare_features
 from raybricks.results import (
@@ -30,6 +30,7 @@ from raybricks.results import (
     members_schema,
     result_schema,
 )
+from raybricks.segmented_model import SegmentModel, align_classes
 from raybricks.training.search import trial_settings
 
 
@@ -55,6 +56,13 @@ class Plan:
     seed: int
     threads: int = 1
     large_segment_rows: int = 0  # segments above this go to Ray Train (0: none)
+    selection: str = "local_only"  # "all": the baseline (and global model) compete too
+    pool: list[CandidateConfig] = field(default_factory=list)  # the competing non-locals
+    # the global model of each split (members), trained on the training rows of every
+    # segment's split (``selection: all`` with ``fallback: global``)
+    global_members: list[list[dict[str, Any]]] = field(default_factory=list)
+    global_token: str = ""
+    serve_skipped: bool = False  # skipped segments get their baseline (no global model)
     key_fields: list[pa.Field] = field(default_factory=list)  # segment columns' types
 
     @property
@@ -97,12 +105,7 @@ def make_plan(config: JobConfig, schema: pa.Schema, threads: int = 1) -> Plan:
             f"target {config.target!r} is {target_type}, not numeric: task regression needs "
             "a numeric target (or use task binary / multiclass)"
         )
-    categorical = [
-        f for f in features
-        if pa.types.is_string(schema.field(f).type)
-        or pa.types.is_large_string(schema.field(f).type)
-        or pa.types.is_dictionary(schema.field(f).type)
-    ]
+    categorical = [f for f in features if is_categorical(schema.field(f).type)]
     return Plan(
         segment_by=list(config.segment_by), target=config.target, features=features,
         categorical=categorical, time_column=config.time_column, task=config.task,
@@ -110,10 +113,35 @@ def make_plan(config: JobConfig, schema: pa.Schema, threads: int = 1) -> Plan:
         fraction=config.validation.fraction, folds=config.validation.folds,
         candidates=list(config.models), ensemble=config.ensemble.method,
         top_k=config.ensemble.top_k, refit=config.refit, min_rows=config.min_rows,
-        seed=config.seed, threads=threads,
+        seed=config.seed, threads=threads, selection=config.selection,
+        pool=competitors(config),
+        serve_skipped=config.selection == "all" and config.fallback != "global",
         large_segment_rows=config.training.large_segment_rows,
         key_fields=[schema.field(name) for name in config.segment_by],
     )
+
+
+def is_categorical(arrow_type: pa.DataType) -> bool:
+    """Strings and dictionaries are categorical features."""
+    return (pa.types.is_string(arrow_type) or pa.types.is_large_string(arrow_type)
+            or pa.types.is_dictionary(arrow_type))
+
+
+def competitors(config: JobConfig) -> list[CandidateConfig]:
+    """What competes with the local candidates in every segment (``selection: all``):
+    the naive baseline, as a member of its own."""
+    if config.selection == "local_only":
+        return []
+    strategy = "last" if config.validation.method == "time" else "mean"
+    return [CandidateConfig(name="baseline", kind="baseline", params={"strategy": strategy})]
+
+
+def choice_label(candidate: CandidateConfig, plan: Plan) -> str:
+    """How the result table names a chosen member: ``local:<candidate>``, ``baseline``
+    or ``global`` (with ``selection: local_only``, the candidate's name)."""
+    if plan.selection == "local_only" or candidate.name in RESERVED_NAMES:
+        return candidate.name
+    return f"local:{candidate.name}"
 
 
 def stable_seed(*parts: Any) -> int:
@@ -175,6 +203,7 @@ class Prepared:
     frame: pd.DataFrame | None = None
     matrix: Any = None
     inputs: dict = field(default_factory=dict)
+    positions: np.ndarray | None = None  # input rows of these rows (None: all, in order)
 
     @property
     def X(self) -> pd.DataFrame:
@@ -281,22 +310,97 @@ def prepare(data: pd.DataFrame | Columns, plan: Plan, key: tuple) -> Prepared:
         y = np.asarray(raw, dtype="float64")
         if y.min() == y.max():
             raise Skip(f"constant target: every value is {y[0]!r}")
-    return Prepared(y, make_splits(n, plan, key), meta, n, values, X, matrix)
+    if plan.task in CLASSIFICATION:
+        splits = make_splits(n, plan, key, y)
+        check_training_classes(splits, y, meta["classes"])
+    else:
+        splits = make_splits(n, plan, key)
+    if not any(len(v) > 1 for v in meta["categorical"].values()):
+        check_training_features(splits, values)
+    return Prepared(y, splits, meta, n, values, X, matrix, positions=order)
 
 
-def make_splits(n: int, plan: Plan, key: tuple) -> list[tuple[np.ndarray, np.ndarray]]:
-    """Train/validation index pairs: one random or time-ordered holdout, or k folds."""
+def check_training_features(splits: list[tuple[np.ndarray, np.ndarray]],
+                            values: np.ndarray) -> None:
+    """Skip a segment whose features vary only in its validation rows: nothing to learn
+    from in a training split."""
+    for number, (train, _) in enumerate(splits):
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN columns
+            part = values[train]
+            varies = np.nanmax(part, axis=0, initial=-np.inf) > np.nanmin(
+                part, axis=0, initial=np.inf)
+        if not varies.any():
+            where = (f"fold {number + 1} of {len(splits)}" if len(splits) > 1
+                     else "the training split")
+            raise Skip(f"no usable feature in {where}: every feature is empty or constant "
+                       "in its rows (the feature varies only in the validation rows)")
+
+
+def make_splits(n: int, plan: Plan, key: tuple, classes: np.ndarray | None = None
+                ) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Train/validation index pairs: one random or time-ordered holdout, or k folds.
+    With ``classes`` (classification: each row's class code), random holdouts and folds
+    are stratified: every class keeps its share in each part, and a holdout leaves at
+    least one row of every class in training."""
     n_valid = min(max(1, int(round(n * plan.fraction))), n - 1)
     if plan.method == "time":  # rows are time-sorted: the last ones validate
         return [(np.arange(n - n_valid), np.arange(n - n_valid, n))]
-    order = np.random.default_rng(stable_seed(plan.seed, key)).permutation(n)
+    rng = np.random.default_rng(stable_seed(plan.seed, key))
+    if classes is not None:
+        return _stratified_splits(classes, plan, rng)
+    order = rng.permutation(n)
     if plan.method == "holdout":
         return [(np.sort(order[n_valid:]), np.sort(order[:n_valid]))]
     folds = np.array_split(order, min(plan.folds, n))
+    return _folds_to_splits(folds)
+
+
+def _folds_to_splits(folds: list[np.ndarray]) -> list[tuple[np.ndarray, np.ndarray]]:
     return [
         (np.sort(np.concatenate([f for j, f in enumerate(folds) if j != i])), np.sort(fold))
         for i, fold in enumerate(folds)
     ]
+
+
+def _stratified_splits(classes: np.ndarray, plan: Plan, rng: np.random.Generator
+                       ) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Holdout: from each class, its share of the validation rows (never all of its
+    rows); folds: each class dealt round-robin over the folds (continuing where the
+    previous class stopped, so folds stay the same size)."""
+    members = [rng.permutation(np.flatnonzero(classes == c)) for c in np.unique(classes)]
+    n = len(classes)
+    if plan.method == "holdout":
+        take = [min(int(round(len(m) * plan.fraction)), len(m) - 1) for m in members]
+        if sum(take) == 0:  # tiny segment: one validation row from the largest class
+            take[int(np.argmax([len(m) for m in members]))] = 1
+        valid = np.concatenate([m[:t] for m, t in zip(members, take, strict=True)])
+        train = np.setdiff1d(np.arange(n), valid)
+        return [(train, np.sort(valid))]
+    k = min(plan.folds, n)
+    dealt = np.concatenate(members)
+    fold_of = np.empty(n, dtype=np.int64)
+    fold_of[dealt] = np.arange(n) % k
+    return _folds_to_splits([np.flatnonzero(fold_of == i) for i in range(k)])
+
+
+def check_training_classes(splits: list[tuple[np.ndarray, np.ndarray]], y: np.ndarray,
+                           classes: list) -> None:
+    """Skip a segment whose training split holds a single class (a rare class that a
+    fold or a time-ordered holdout leaves alone): no classifier can be fitted on it."""
+    for number, (train, _) in enumerate(splits):
+        present = np.unique(y[train])
+        if len(present) < 2:
+            counts = np.bincount(y, minlength=len(classes))
+            rare = ", ".join(f"{classes[c]!r} ({counts[c]} rows)" for c in range(len(classes))
+                             if c != present[0])
+            where = (f"fold {number + 1} of {len(splits)}" if len(splits) > 1
+                     else "the training split")
+            raise Skip(
+                f"rare class: {where} holds only class {classes[present[0]]!r}; too few "
+                f"rows of {rare} to train on it (use validation.method=holdout, fewer "
+                "folds, or a global fallback to serve this segment)"
+            )
 
 
 def validation_rows(prep: Prepared) -> np.ndarray:
@@ -371,6 +475,57 @@ def evaluate(prep: Prepared, candidate: CandidateConfig, plan: Plan, key: tuple)
     return best
 
 
+GLOBAL = CandidateConfig(name="global", kind="global")
+_LOADED_GLOBAL: dict[str, list[SegmentModel]] = {}
+
+
+def global_models(plan: Plan) -> list[SegmentModel]:
+    """The global model of each split, loaded once per process and job."""
+    if plan.global_token not in _LOADED_GLOBAL:
+        if len(_LOADED_GLOBAL) > 4:
+            _LOADED_GLOBAL.clear()
+        _LOADED_GLOBAL[plan.global_token] = [
+            SegmentModel.from_rows(members)
+            for members in plan.global_members
+        ]
+    return _LOADED_GLOBAL[plan.global_token]
+
+
+def evaluate_global(prep: Prepared, plan: Plan, key: tuple) -> Evaluation:
+    """The global model on this segment's validation rows: for each split, the global
+    model trained on the training rows of that split of every segment (so it never saw
+    these validation rows)."""
+    try:
+        models = global_models(plan)
+        keys = dict(zip(plan.segment_by, key, strict=True))
+        parts = []
+        for number, (_, valid) in enumerate(prep.splits):
+            model = models[min(number, len(models) - 1)]
+            raw = model.predict_raw(prep.X.iloc[valid].assign(**keys))
+            if plan.task in CLASSIFICATION:
+                raw = align_classes(raw, model.meta["classes"], prep.meta["classes"])
+            parts.append(raw)
+        predictions = np.concatenate(parts)
+        value = metrics.metric(plan.metric).score(prep.y[validation_rows(prep)], predictions)
+    except Exception as exc:  # noqa: BLE001 - the global model not fitting this segment
+        return Evaluation(GLOBAL, error=f"{type(exc).__name__}: {exc}")
+    return Evaluation(GLOBAL, {}, value, predictions)
+
+
+def global_plan(plan: Plan, config: JobConfig, schema: pa.Schema) -> Plan:
+    """The plan of the global model: every row, whatever its segment (the segment columns
+    among the features with ``global_segment_features``), selected among the local
+    candidates only."""
+    features = plan.features
+    categorical = plan.categorical
+    if config.global_segment_features:
+        keys = [c for c in plan.segment_by if c not in features]
+        features = features + keys
+        categorical = categorical + [c for c in keys if is_categorical(schema.field(c).type)]
+    return replace_plan(plan, features=features, categorical=categorical, min_rows=2,
+                        selection="local_only", pool=[], global_members=[])
+
+
 def choose(evaluations: list[Evaluation], plan: Plan) -> list[tuple[Evaluation, float]]:
     """The ensemble's members and weights, from the candidates that fitted."""
     metric = metrics.metric(plan.metric)
@@ -389,9 +544,14 @@ def choose(evaluations: list[Evaluation], plan: Plan) -> list[tuple[Evaluation, 
 def member_rows(prep: Prepared, members, plan: Plan, key: tuple) -> list[dict[str, Any]]:
     """Serialized members: refit on all rows, or the model of the (first) training split."""
     rows = []
+    if len(members) == 1 and kinds.resolve(members[0][0].candidate.kind).uses_fallback:
+        return rows  # the global model alone: the segmented model's fallback serves it
     for evaluation, weight in members:
         candidate = evaluation.candidate
         kind = kinds.of(candidate)
+        if kind.uses_fallback:  # predicted by the fallback: nothing to fit or store
+            rows.append(member_row(candidate, weight, {}, b"", prep.meta))
+            continue
         if plan.refit or len(prep.splits) > 1:
             seed = stable_seed(plan.seed, key, candidate.name, "fit")
             model, trained = _fit_split(
@@ -441,7 +601,8 @@ def best_of(found: list[Evaluation], candidate: CandidateConfig, plan: Plan) -> 
 
 def results_table(rows: list[dict[str, Any]], plan: Plan) -> pa.Table:
     """Result rows as a table of the run's result schema (a column no row has is null)."""
-    schema = result_schema(key_fields(plan), plan.metric, [c.name for c in plan.candidates])
+    names = [c.name for c in plan.candidates] + (["global"] if plan.global_members else [])
+    schema = result_schema(key_fields(plan), plan.metric, names)
     return pa.Table.from_pylist(rows, schema=schema)
 
 
@@ -482,20 +643,22 @@ def summarize(
     row["n_valid"] = len(y_valid)
     metric = metrics.metric(plan.metric)
     row[f"baseline_{plan.metric}"] = metric.score(y_valid, baseline_predictions)
+    local = [e for e in evaluations if e.candidate.name not in RESERVED_NAMES]
     for e in evaluations:
-        row[f"{e.candidate.name}_{plan.metric}"] = e.value
-    chosen = choose(evaluations, plan)
-    if not chosen:
+        if e.candidate.name != "baseline":  # its column is filled above
+            row[f"{e.candidate.name}_{plan.metric}"] = e.value
+    if all(e.error is not None for e in local):  # an error, not a data condition
         raise RuntimeError(
             "every candidate failed: "
-            + " | ".join(f"{e.candidate.name}: {e.error}" for e in evaluations)
+            + " | ".join(f"{e.candidate.name}: {e.error}" for e in local)
         )
+    chosen = choose(evaluations, plan)
     if len(chosen) == 1:  # a single member (weight 1): the ensemble scores as it does
         row[f"metric_{plan.metric}"] = chosen[0][0].value
     else:
         blend = sum(e.predictions * w for e, w in chosen)
         row[f"metric_{plan.metric}"] = metric.score(y_valid, blend)
-    row["chosen"] = json.dumps([e.candidate.name for e, _ in chosen])
+    row["chosen"] = json.dumps([choice_label(e.candidate, plan) for e, _ in chosen])
     row["weights"] = json.dumps([round(w, 6) for _, w in chosen])
     return chosen
 
@@ -520,9 +683,39 @@ def train_segment(
     start = time.perf_counter()
     try:
         prep = prepare(data, plan, key)
-        evaluations = [evaluate(prep, c, plan, key) for c in plan.candidates]
+        evaluations = [evaluate(prep, c, plan, key) for c in plan.candidates + plan.pool]
+        if plan.global_members:
+            evaluations.append(evaluate_global(prep, plan, key))
         row, members = finish(prep, evaluations, plan, key)
     except Exception as exc:  # noqa: BLE001 - a bad segment never stops the job
         row, members = result_for_error(exc, plan, key, len(data)), []
+        if isinstance(exc, Skip) and plan.serve_skipped:
+            members = skipped_baseline(data, plan, row)
     row["fit_seconds"] = time.perf_counter() - start
     return row, members
+
+
+def skipped_baseline(data: pd.DataFrame | Columns, plan: Plan, row: dict[str, Any]
+                     ) -> list[dict[str, Any]]:
+    """A skipped segment's naive baseline over its rows with a target (the mean, the last
+    value by time, or the class frequencies), so the registered model still serves it;
+    none when no row has a target."""
+    columns = columns_of(data, plan) if isinstance(data, pd.DataFrame) else data
+    target = pd.Series(columns.target)
+    keep = target.notna().to_numpy()
+    if target.dtype.kind == "f":
+        keep &= np.isfinite(target.to_numpy(dtype="float64", na_value=np.nan))
+    if not keep.any():
+        return []
+    values = target[keep]
+    meta: dict[str, Any] = {"features": plan.features, "categorical": {}, "task": plan.task}
+    if plan.task in CLASSIFICATION:
+        classes = sorted(pd.unique(values).tolist(), key=lambda v: (str(type(v)), v))
+        meta["classes"] = [v.item() if hasattr(v, "item") else v for v in classes]
+        model = pd.Categorical(values, categories=classes).value_counts().to_numpy() / len(values)
+    elif plan.time_column and columns.times is not None:
+        model = [float(values.to_numpy()[np.argsort(columns.times[keep], kind="stable")][-1])]
+    else:
+        model = [float(values.astype("float64").mean())]
+    return [member_row(plan.pool[0], 1.0, dict(plan.pool[0].params),
+                       json.dumps(np.asarray(model, dtype="float64").tolist()).encode(), meta)]

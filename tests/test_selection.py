@@ -1,0 +1,224 @@
+"""Per-segment selection among local candidates, the global model and the naive baseline;
+stratified splits; data conditions that skip a segment instead of failing it."""
+
+from __future__ import annotations
+
+import json
+
+import mlflow
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pytest
+
+from raybricks import tracking
+from raybricks.data import to_ray_dataset
+from raybricks.training import train_segments
+from raybricks.training.segment import make_plan, make_splits, train_segment
+from tests.test_training import job
+
+RIDGE = [{"name": "ridge", "kind": "sklearn", "estimator": "sklearn.linear_model.Ridge",
+          "params": {"alpha": 0.01}}]
+LOGISTIC = [{"name": "logit", "kind": "sklearn",
+             "estimator": "sklearn.linear_model.LogisticRegression"},
+            {"name": "lgbm", "kind": "lightgbm", "params": {"n_estimators": 20,
+                                                            "min_child_samples": 2}}]
+FEATURES = [f"x{i}" for i in range(5)]
+
+
+def three_kinds_of_segments(seed: int = 0) -> pd.DataFrame:
+    """``tiny*``: 10 noisy rows of one relation that most rows share (the global model
+    must win); ``noise*``: pure noise (the baseline must win); ``local*``: a relation of
+    its own, unlike the others' (a local model must win)."""
+    rng = np.random.default_rng(seed)
+    shared = np.array([1.5, -2.0, 1.0, 0.5, -1.0])
+    frames = []
+    for group, segments, rows in (("tiny", 300, 10), ("noise", 12, 30), ("local", 8, 40)):
+        for s in range(segments):
+            x = rng.normal(size=(rows, len(FEATURES)))
+            if group == "tiny":
+                y = x @ shared + rng.normal(scale=1.0, size=rows)
+            elif group == "noise":
+                y = rng.normal(size=rows)
+            else:
+                y = x @ rng.normal(scale=3, size=len(FEATURES)) + rng.normal(scale=0.1,
+                                                                              size=rows)
+            frames.append(pd.DataFrame(x, columns=FEATURES).assign(seg=f"{group}{s}", y=y))
+    return pd.concat(frames, ignore_index=True)
+
+
+@pytest.fixture(scope="module")
+def selected(ray_on_spark, spark, tmp_path_factory):
+    data = three_kinds_of_segments()
+    config = job(tmp_path_factory.mktemp("runs"), segment_by=["seg"], features=FEATURES,
+                 time_column=None, models=RIDGE, min_rows=8, fallback="global",
+                 registry={"name": "tests.selection.model"})
+    ds = to_ray_dataset(spark.createDataFrame(data), ["seg"])
+    return data, config, ds, train_segments(ds, config)
+
+
+def test_each_kind_of_segment_chooses_what_should_win(selected):
+    _, _, _, result = selected
+    rows = result.segments.set_index("seg")
+    assert (rows.status == "trained").all()
+    group = rows.index.str.extract(r"([a-z]+)", expand=False)
+    winner = rows.chosen.map(lambda c: json.loads(c)[0])
+    share = {g: (winner[group == g] == want).mean()
+             for g, want in (("tiny", "global"), ("noise", "baseline"), ("local", "local:ridge"))}
+    assert share["tiny"] >= 0.6 and share["noise"] >= 0.6 and share["local"] == 1.0, share
+    # what won is never worse than the local candidate on the same validation rows
+    assert (rows.metric_rmse <= rows.ridge_rmse + 1e-12).all()
+    assert (rows.metric_rmse <= rows.baseline_rmse + 1e-12).all()
+    assert (rows.metric_rmse <= rows.global_rmse + 1e-12).all()
+    assert "chosen: " in result.summary() and " global" in result.summary()
+
+
+def test_local_only_keeps_ranking_the_candidates_alone(selected, tmp_path):
+    _, config, ds, selected_result = selected
+    local = train_segments(ds, config.model_copy(update={
+        "selection": "local_only",
+        "training": config.training.model_copy(update={"output_dir": str(tmp_path)})}))
+    rows = local.segments.set_index("seg")
+    assert set(rows.chosen) == {'["ridge"]'} and "global_rmse" not in rows
+    both = rows.join(selected_result.segments.set_index("seg"), rsuffix="_all")
+    # the same splits: the local candidate scores the same; the selection never does worse
+    np.testing.assert_allclose(both.ridge_rmse, both.ridge_rmse_all)
+    tiny = both[both.index.str.startswith("tiny")]
+    assert tiny.metric_rmse_all.median() < 0.8 * tiny.metric_rmse.median()
+
+
+def test_registered_model_predicts_each_segment_with_its_choice(selected, tmp_path):
+    data, config, _, result = selected
+    publication = tracking.publish(result, config)
+    model = mlflow.pyfunc.load_model(f"models:/tests.selection.model/{publication.version}")
+    run = mlflow.get_run(publication.run_id)
+    counts = {k: v for k, v in run.data.metrics.items() if k.startswith("segments_chose_")}
+    assert counts["segments_chose_global"] >= 180 and counts["segments_chose_baseline"] >= 7
+    frame = data.sample(frac=1.0, random_state=1).reset_index(drop=True)
+    predicted = np.asarray(model.predict(frame), dtype=float)
+    store = model.unwrap_python_model().store
+    members = result.models().to_pandas()
+    for seg, rows in result.segments.set_index("seg").iterrows():
+        mask = (frame.seg == seg).to_numpy()
+        choice = json.loads(rows.chosen)[0]
+        if choice == "global":  # no model of its own: the global model, refitted on all rows
+            assert not (members.seg == seg).any()
+            expected = store.fallback.predict(frame[mask])
+        elif choice == "baseline":  # the segment's mean, refitted on all its rows
+            expected = np.full(mask.sum(), data.loc[data.seg == seg, "y"].mean())
+        else:
+            assert set(members.loc[members.seg == seg, "kind"]) == {"sklearn"}
+            continue
+        np.testing.assert_allclose(predicted[mask], expected, rtol=1e-9)
+
+
+def test_stratified_splits_keep_every_class_in_training():
+    plan = job("unused", task="binary", target="label", validation={"method": "holdout"})
+    plan = make_plan(plan, pa.schema([("store", pa.string()), ("x1", pa.float64()),
+                                      ("x2", pa.float64()), ("color", pa.string()),
+                                      ("label", pa.int64()), ("day", pa.int64())]))
+    classes = np.array([0] * 45 + [1] * 3 + [2] * 12)
+    (train, valid), = make_splits(len(classes), plan, ("a",), classes)
+    assert set(classes[train]) == {0, 1, 2}
+    assert np.bincount(classes[valid]).tolist() == [9, 1, 2]  # each class's 20 %
+    kfold = make_plan(job("unused", validation={"method": "kfold", "folds": 3}),
+                      pa.schema([("store", pa.string()), ("x1", pa.float64()),
+                                 ("x2", pa.float64()), ("color", pa.string()),
+                                 ("y", pa.float64()), ("day", pa.int64())]))
+    folds = make_splits(len(classes), kfold, ("a",), classes)
+    assert sorted(np.concatenate([v for _, v in folds]).tolist()) == list(range(60))
+    for _, valid in folds:
+        assert np.bincount(classes[valid], minlength=3).tolist() == [15, 1, 4]
+
+
+def conditions(rng: np.random.Generator) -> dict[str, tuple[str, pd.DataFrame]]:
+    """Every data condition we know, as (task, one segment's rows)."""
+    def rows(n: int, label=None, **columns) -> pd.DataFrame:
+        base = {"x1": rng.normal(size=n), "x2": rng.normal(size=n)}
+        frame = pd.DataFrame(base | columns)
+        return frame.assign(label=label if label is not None else (frame.x1 > 0).astype(int))
+
+    n = 60
+    constant_in_training = rows(n, x1=np.r_[np.zeros(n - 1), 5.0], x2=np.zeros(n))
+    return {
+        "one class": ("binary", rows(n, label=np.zeros(n, dtype=int))),
+        "one rare positive": ("binary", rows(n, label=np.r_[np.zeros(n - 1, dtype=int), 1])),
+        "two rare positives": ("binary", rows(n, label=np.r_[np.zeros(n - 2, dtype=int), 1,
+                                                             1])),
+        "rare classes": ("multiclass", rows(n, label=np.r_[np.zeros(n - 3, dtype=int), 1,
+                                                           2, 2])),
+        "too few rows": ("binary", rows(5)),
+        "all-missing feature": ("binary", rows(n, x2=np.full(n, np.nan))),
+        "every feature missing": ("binary", rows(n, x1=np.full(n, np.nan),
+                                                 x2=np.full(n, np.nan))),
+        "feature constant in training": ("binary", constant_in_training),
+        "constant target": ("regression", rows(n, label=np.full(n, 3.0))),
+        "target missing but one row": ("regression", rows(n, label=np.r_[np.full(n - 1,
+                                                                                  np.nan), 1.0])),
+        "infinite target values": ("regression", rows(n, label=np.where(
+            rng.random(n) < 0.3, np.inf, rng.normal(size=n)))),
+        "noise": ("regression", rows(n, label=rng.normal(size=n))),
+    }
+
+
+@pytest.mark.parametrize("method", ["holdout", "kfold", "time"])
+def test_no_data_condition_ends_failed(method, tmp_path):
+    rng = np.random.default_rng(3)
+    for name, (task, frame) in conditions(rng).items():
+        frame = frame.assign(store="s", day=np.arange(len(frame)))
+        models = RIDGE if task == "regression" else LOGISTIC
+        config = job(tmp_path, task=task, target="label", features=["x1", "x2"], models=models,
+                     validation={"method": method}, min_rows=10)
+        plan = make_plan(config, pa.Schema.from_pandas(frame, preserve_index=False))
+        row, members = train_segment(frame, ("s",), plan)
+        assert row["status"] in ("trained", "skipped"), (name, method, row["reason"])
+        assert row["status"] == "trained" or row["reason"], (name, method)
+        assert row["status"] == "skipped" or members, (name, method)
+
+
+def rare_classes(labels: list[str], seed: int = 0) -> pd.DataFrame:
+    """Stores whose label follows x1 through thresholds, the last classes rare; some
+    stores hold only one or two rows of a rare class."""
+    rng = np.random.default_rng(seed)
+    frames = []
+    for store in range(16):
+        n = 30 + 5 * store
+        x1, x2 = rng.normal(size=n), rng.normal(size=n)
+        cuts = np.quantile(rng.normal(size=4000), np.linspace(0.55, 0.93, len(labels) - 1))
+        label = np.array(labels)[np.digitize(x1 + rng.normal(scale=0.3, size=n), cuts)]
+        frames.append(pd.DataFrame({"store": f"t{store}", "x1": x1, "x2": x2,
+                                    "label": label}))
+    return pd.concat(frames, ignore_index=True)
+
+
+@pytest.mark.parametrize("labels", [["no", "yes"], ["low", "mid", "high"]])
+def test_rare_classes_train_and_serve_each_segment_with_its_choice(
+        labels, ray_on_spark, spark, tmp_path):
+    data = rare_classes(labels)
+    task = "binary" if len(labels) == 2 else "multiclass"
+    name = f"tests.selection.{task}"
+    config = job(tmp_path, target="label", task=task, features=["x1", "x2"], time_column=None,
+                 models=LOGISTIC, min_rows=20, fallback="global",
+                 validation={"method": "kfold", "folds": 3}, registry={"name": name})
+    result = train_segments(to_ray_dataset(spark.createDataFrame(data), ["store"]), config)
+    rows = result.segments.set_index("store")
+    assert not (rows.status == "failed").any(), rows.reason.tolist()
+    assert (rows.status == "trained").sum() >= 12
+    publication = tracking.publish(result, config)
+    model = mlflow.pyfunc.load_model(f"models:/{name}/{publication.version}")
+    frame = data.drop(columns="label").sample(frac=1.0, random_state=2).reset_index(drop=True)
+    predicted = np.asarray(model.predict(frame), dtype=object)
+    probabilities = model.predict(frame, params={"probabilities": True})
+    np.testing.assert_allclose(probabilities.sum(axis=1), 1.0)
+    store = model.unwrap_python_model().store
+    for key, row in rows.iterrows():
+        mask = (frame.store == key).to_numpy()
+        choice = json.loads(row.chosen)[0] if row.status == "trained" else "skipped"
+        if choice in ("global", "skipped"):  # the global model serves it
+            expected = store.fallback.predict(frame[mask])
+        elif choice == "baseline":  # the most frequent class of the segment, always
+            counts = data.loc[data.store == key, "label"].value_counts()
+            expected = np.full(mask.sum(), counts.index[0], dtype=object)
+        else:
+            continue
+        assert (predicted[mask] == expected).all(), (key, choice)
