@@ -37,6 +37,7 @@ bench: setup
 	$(VENV)/bin/python bench/bench_training.py
 	$(VENV)/bin/python bench/bench_conversion.py
 	$(VENV)/bin/python bench/bench_scoring.py
+	$(VENV)/bin/python bench/bench_quality.py
 
 # Databricks Runtime ML profiles (ci/runtimes/): the runtime's package versions, the
 # raybricks wheel installed on top (checked to move none of them), then the suite.

@@ -105,8 +105,9 @@ def run(names: list[str]) -> list[dict]:
         for name in names:
             ds = DATASETS[name]()
             config = job_config(ds, tempfile.mkdtemp(prefix="raybricks-quality-"))
-            frame = ds.frame[ds.segment_by + ds.features + [ds.target]
-                             + ([ds.time_column] if ds.time_column else [])]
+            frame = ds.frame[list(dict.fromkeys(
+                ds.segment_by + ds.features + [ds.target]
+                + ([ds.time_column] if ds.time_column else [])))]
             segmented = to_ray_dataset(spark.createDataFrame(frame), ds.segment_by)
             start = time.perf_counter()
             result = train_segments(segmented, config)

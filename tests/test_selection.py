@@ -222,3 +222,42 @@ def test_rare_classes_train_and_serve_each_segment_with_its_choice(
         else:
             continue
         assert (predicted[mask] == expected).all(), (key, choice)
+
+
+def test_a_blend_with_the_global_model_predicts_its_weighted_mean(selected, tmp_path):
+    data, config, ds, _ = selected
+    blend = config.model_copy(update={
+        "ensemble": config.ensemble.model_copy(update={"method": "weighted", "top_k": 3}),
+        "registry": config.registry.model_copy(update={"name": "tests.selection.blend"}),
+        "training": config.training.model_copy(update={"output_dir": str(tmp_path)})})
+    result = train_segments(ds, blend)
+    rows = result.segments.set_index("seg")
+    blended = rows[rows.chosen.str.contains("global") & (rows.chosen.map(
+        lambda c: len(json.loads(c))) == 3)]
+    assert len(blended) >= 100
+    members = result.models().to_pandas()
+    assert set(members.kind) == {"sklearn", "baseline", "global"}
+    assert (members.loc[members.kind == "global", "payload"].map(len) == 0).all()
+    publication = tracking.publish(result, blend)
+    model = mlflow.pyfunc.load_model(f"models:/tests.selection.blend/{publication.version}")
+    store = model.unwrap_python_model().store
+    for seg in blended.index[:5]:
+        rows_of = data[data.seg == seg]
+        weights = dict(zip(json.loads(blended.loc[seg, "chosen"]),
+                           json.loads(blended.loc[seg, "weights"]), strict=True))
+        mine = members[members.seg == seg].set_index("kind")
+        local = member_model(mine.loc["sklearn"]).predict(rows_of)
+        expected = (weights["local:ridge"] * local
+                    + weights["global"] * store.fallback.predict(rows_of)
+                    + weights["baseline"] * rows_of.y.mean())
+        expected /= sum(weights.values())
+        # the result table's weights are rounded to 6 decimals
+        np.testing.assert_allclose(np.asarray(model.predict(rows_of), dtype=float), expected,
+                                   rtol=1e-5, atol=1e-5)
+
+
+def member_model(row: pd.Series):
+    """A stored member (a models-table row indexed by its kind), loaded."""
+    from raybricks.segmented_model import MemberModel
+
+    return MemberModel(row.name, row.payload, json.loads(row.meta))

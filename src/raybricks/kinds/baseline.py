@@ -9,11 +9,12 @@ from typing import Any
 
 import numpy as np
 
-from .base import CLASSIFICATION, ModelKind
+from .base import CLASSIFICATION, ModelKind, filled_input
 
 
 class BaselineKind(ModelKind):
     name = "baseline"
+    model_input = staticmethod(filled_input)  # unused but for its length: the cheapest form
 
     @classmethod
     def load(cls, payload: bytes, meta: dict[str, Any]) -> np.ndarray:
