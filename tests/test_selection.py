@@ -204,6 +204,8 @@ def test_rare_classes_train_and_serve_each_segment_with_its_choice(
     rows = result.segments.set_index("store")
     assert not (rows.status == "failed").any(), rows.reason.tolist()
     assert (rows.status == "trained").sum() >= 12
+    served_otherwise = rows.chosen.fillna('["skipped"]').map(lambda c: json.loads(c)[0])
+    assert served_otherwise.isin(["global", "baseline", "skipped"]).any()
     publication = tracking.publish(result, config)
     model = mlflow.pyfunc.load_model(f"models:/{name}/{publication.version}")
     frame = data.drop(columns="label").sample(frac=1.0, random_state=2).reset_index(drop=True)
@@ -261,3 +263,16 @@ def member_model(row: pd.Series):
     from raybricks.segmented_model import MemberModel
 
     return MemberModel(row.name, row.payload, json.loads(row.meta))
+
+
+def test_segment_columns_as_features_of_the_global_model(selected, tmp_path):
+    data, config, ds, _ = selected
+    keyed = config.model_copy(update={
+        "global_segment_features": True,
+        "training": config.training.model_copy(update={"output_dir": str(tmp_path)})})
+    result = train_segments(ds, keyed)
+    fallback_meta = json.loads(result.fallback[0]["meta"])
+    assert fallback_meta["features"] == FEATURES + ["seg"]
+    assert "seg" in fallback_meta["categorical"]  # a string key: a categorical feature
+    rows = result.segments.set_index("seg")
+    assert (rows.status == "trained").all() and rows.global_rmse.notna().all()
