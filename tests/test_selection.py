@@ -276,3 +276,23 @@ def test_segment_columns_as_features_of_the_global_model(selected, tmp_path):
     assert "seg" in fallback_meta["categorical"]  # a string key: a categorical feature
     rows = result.segments.set_index("seg")
     assert (rows.status == "trained").all() and rows.global_rmse.notna().all()
+
+
+def test_a_large_segment_of_noise_chooses_its_baseline_through_ray_train(
+        ray_on_spark, spark, tmp_path):
+    rng = np.random.default_rng(4)
+    n = 1500
+    noise = pd.DataFrame({"seg": "big", "x1": rng.normal(size=n), "x2": rng.normal(size=n),
+                          "y": rng.normal(size=n)})
+    config = job(tmp_path, segment_by=["seg"], features=["x1", "x2"], time_column=None,
+                 models=[{"name": "xgb", "kind": "xgboost",
+                          "params": {"n_estimators": 40, "max_depth": 6}}],
+                 training={"output_dir": str(tmp_path), "large_segment_rows": 1000,
+                           "progress": False})
+    result = train_segments(to_ray_dataset(spark.createDataFrame(noise), ["seg"]), config)
+    row = result.segments.iloc[0]
+    assert row.status == "trained" and row.chosen == '["baseline"]'
+    assert row.metric_rmse == row.baseline_rmse < row.xgb_rmse
+    (member,) = result.models().to_pylist()
+    assert member["kind"] == "baseline"  # refitted on all rows: the segment's mean
+    assert json.loads(member["payload"]) == pytest.approx([noise.y.mean()])

@@ -76,8 +76,9 @@ def train_one_segment(block: pa.Table, plan: Plan, key: tuple):
 
 def split_segment(block: pa.Table, plan: Plan, key: tuple):
     """Ray task body: the segment's training rows, validation rows, and what the driver
-    needs (model metadata, splits' targets, baseline; or only ``skip``, the reason it
-    cannot be trained)."""
+    needs (model metadata, splits' targets, baseline, and the evaluations and members of
+    what competes beside the candidates: the baseline and the global model; or only
+    ``skip``, the reason it cannot be trained)."""
     from raybricks.training.engine import segment_rows
 
     try:
@@ -86,11 +87,18 @@ def split_segment(block: pa.Table, plan: Plan, key: tuple):
         return None, None, {"skip": str(skip)}
     train, valid = prep.splits[0]
     table = pa.Table.from_pandas(prep.X.assign(**{LABEL: prep.y}), preserve_index=False)
+    holdout = dataclasses.replace(prep, splits=[(train, valid)])
+    pool = [seg.evaluate(holdout, c, plan, key) for c in plan.pool]
+    if plan.global_members:
+        pool.append(seg.evaluate_global(holdout, plan, key))
     info = {
         "meta": prep.meta,
         "n_rows": prep.n_rows,
         "y_valid": prep.y[valid],
-        "baseline": seg.baseline(dataclasses.replace(prep, splits=[(train, valid)]), plan),
+        "baseline": seg.baseline(holdout, plan),
+        "pool": pool,  # refitted on all rows where the plan says so, as any member
+        "pool_members": {e.candidate.name: seg.member_rows(prep, [(e, 1.0)], plan, key)
+                         for e in pool if e.error is None},
     }
     return table.take(train), table.take(valid), info
 
@@ -240,12 +248,19 @@ def train_large_segment(
         except Exception as exc:  # noqa: BLE001 - one candidate failing is recorded
             evaluations.append(seg.Evaluation(candidate, error=f"{type(exc).__name__}: {exc}"))
     row = seg.key_row(plan, key, info["n_rows"])
-    chosen = seg.summarize(row, evaluations, info["y_valid"], info["baseline"], plan)
+    chosen = seg.summarize(row, evaluations + info["pool"], info["y_valid"], info["baseline"],
+                           plan)
     skipped = [c.name for c in plan.candidates if not data_parallel(c)]
     row["reason"] = (f"large segment: not data-parallel, not fitted: {skipped}"
                      if skipped else None)
     members = []
     for evaluation, weight in chosen:
+        if evaluation.candidate.name in info["pool_members"]:  # the baseline, the global
+            stored = info["pool_members"][evaluation.candidate.name]
+            if len(chosen) > 1 and not stored:  # the global model alone stores nothing
+                stored = [seg.member_row(evaluation.candidate, 1.0, {}, b"", meta)]
+            members += [member | {"weight": float(weight)} for member in stored]
+            continue
         payload = (fit_data_parallel(evaluation.candidate, [train_ref, valid_ref], meta, plan,
                                      config, storage)
                    if plan.refit else evaluation.split_models[0])
