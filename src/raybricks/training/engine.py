@@ -324,8 +324,7 @@ def train_segments(
         )
     threads = max(int(max(c.resources.num_cpus for c in config.models)), 1)
     plan = seg.make_plan(config, segmented.schema, threads)
-    global_plan = seg.global_plan(seg.replace_plan(plan, threads=max(plan.threads, 1)), config,
-                                  segmented.schema)
+    global_plan = seg.global_plan(plan, config, segmented.schema)
     if config.fallback == "global" and config.selection == "all":
         members = _split_global_models(segmented.block_refs(), plan, global_plan,
                                        segmented.num_rows)

@@ -299,13 +299,12 @@ def prepare(data: pd.DataFrame | Columns, plan: Plan, key: tuple) -> Prepared:
     )
     raw = columns.target
     if plan.task in CLASSIFICATION:
-        classes = sorted(pd.unique(raw).tolist(), key=lambda v: (str(type(v)), v))
+        classes = sorted_classes(raw)
         if len(classes) < 2:
             raise Skip(f"single class: every target value is {classes[0]!r}")
         if plan.task == "binary" and len(classes) > 2:
             raise Skip(f"task binary but the target has {len(classes)} classes")
-        y = pd.Categorical(raw, categories=classes).codes.astype("int64")
-        meta["classes"] = [v.item() if hasattr(v, "item") else v for v in classes]
+        y, meta["classes"] = encode_classes(raw, classes)
     else:
         y = np.asarray(raw, dtype="float64")
         if y.min() == y.max():
@@ -335,6 +334,17 @@ def check_training_features(splits: list[tuple[np.ndarray, np.ndarray]],
                      else "the training split")
             raise Skip(f"no usable feature in {where}: every feature is empty or constant "
                        "in its rows (the feature varies only in the validation rows)")
+
+
+def sorted_classes(raw: np.ndarray) -> list:
+    """The distinct class labels, in the order training codes them."""
+    return sorted(pd.unique(raw).tolist(), key=lambda v: (str(type(v)), v))
+
+
+def encode_classes(raw: np.ndarray, classes: list) -> tuple[np.ndarray, list]:
+    """Class codes 0..k-1 of the labels, and the labels as plain Python values (JSON)."""
+    codes = pd.Categorical(raw, categories=classes).codes.astype("int64")
+    return codes, [v.item() if hasattr(v, "item") else v for v in classes]
 
 
 def make_splits(n: int, plan: Plan, key: tuple, classes: np.ndarray | None = None
@@ -697,9 +707,9 @@ def train_segment(
 
 def skipped_baseline(data: pd.DataFrame | Columns, plan: Plan, row: dict[str, Any]
                      ) -> list[dict[str, Any]]:
-    """A skipped segment's naive baseline over its rows with a target (the mean, the last
-    value by time, or the class frequencies), so the registered model still serves it;
-    none when no row has a target."""
+    """A skipped segment's naive baseline (the pool's ``baseline`` kind, fitted on its rows
+    with a target, in time order where there is a time column), so the registered model
+    still serves it; none when no row has a target."""
     columns = columns_of(data, plan) if isinstance(data, pd.DataFrame) else data
     target = pd.Series(columns.target)
     keep = target.notna().to_numpy()
@@ -707,15 +717,15 @@ def skipped_baseline(data: pd.DataFrame | Columns, plan: Plan, row: dict[str, An
         keep &= np.isfinite(target.to_numpy(dtype="float64", na_value=np.nan))
     if not keep.any():
         return []
-    values = target[keep]
+    values = target.to_numpy()[keep]
+    if plan.time_column and columns.times is not None:
+        values = values[np.argsort(columns.times[keep], kind="stable")]
     meta: dict[str, Any] = {"features": plan.features, "categorical": {}, "task": plan.task}
     if plan.task in CLASSIFICATION:
-        classes = sorted(pd.unique(values).tolist(), key=lambda v: (str(type(v)), v))
-        meta["classes"] = [v.item() if hasattr(v, "item") else v for v in classes]
-        model = pd.Categorical(values, categories=classes).value_counts().to_numpy() / len(values)
-    elif plan.time_column and columns.times is not None:
-        model = [float(values.to_numpy()[np.argsort(columns.times[keep], kind="stable")][-1])]
+        y, meta["classes"] = encode_classes(values, sorted_classes(values))
     else:
-        model = [float(values.astype("float64").mean())]
-    return [member_row(plan.pool[0], 1.0, dict(plan.pool[0].params),
-                       json.dumps(np.asarray(model, dtype="float64").tolist()).encode(), meta)]
+        y = values.astype("float64")
+    candidate = plan.pool[0]
+    kind = kinds.of(candidate)
+    model = kind.fit(candidate.params, values, y, plan.task, plan.seed, plan.threads, meta)
+    return [member_row(candidate, 1.0, candidate.params, kind.serialize(model), meta)]
