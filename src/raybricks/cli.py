@@ -1,4 +1,4 @@
-"""The ``raybricks`` command: ``train | score | demo | submit``.
+"""The ``raybricks`` command: ``train | score | forecast | demo | submit``.
 
 Each verb is a pair: a function that adds its arguments and one that runs it; errors
 that are the user's to fix (RaybricksError) print one message and exit 2.
@@ -45,6 +45,23 @@ def run_score(args: argparse.Namespace) -> int:
     return 0
 
 
+def add_forecast_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", required=True, help="models:/NAME@ALIAS")
+    parser.add_argument("--output", required=True, help="table name or path")
+    parser.add_argument("--horizon", type=int, default=None,
+                        help="periods per segment (default: the model's horizon)")
+    parser.add_argument("--segments", default=None,
+                        help="only the segments of this table or path (its segment columns)")
+
+
+def run_forecast(args: argparse.Namespace) -> int:
+    from raybricks.scoring import forecast
+
+    summary = forecast(args.model, args.output, horizon=args.horizon, segments=args.segments)
+    print(summary)
+    return 0
+
+
 def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override a key of jobs/route_delay.yml")
@@ -71,6 +88,8 @@ def run_submit(args: argparse.Namespace) -> int:
 VERBS = {
     "train": ("train every segment as a job config says", add_train_arguments, run_train),
     "score": ("score a table with a registered model", add_score_arguments, run_score),
+    "forecast": ("forecast every segment of a registered forecasting model",
+                 add_forecast_arguments, run_forecast),
     "demo": ("the end-to-end demo on local defaults", add_demo_arguments, run_demo),
     "submit": ("one-time run on a Databricks workspace", add_submit_arguments, run_submit),
 }

@@ -77,7 +77,7 @@ class ClusterConfig(StrictModel):
 
 # --------------------------------------------------------------------------- job config
 
-Task = Literal["regression", "binary", "multiclass"]
+Task = Literal["regression", "binary", "multiclass", "forecast"]
 
 
 #: Names of the members that per-segment selection adds beside the candidates.
@@ -100,12 +100,95 @@ class SourceConfig(StrictModel):
 
 
 class ValidationConfig(StrictModel):
-    """How each segment is validated: random holdout, time-ordered holdout, or k-fold."""
+    """How each segment is validated: random holdout, time-ordered holdout, k-fold, or
+    (task forecast) a rolling-origin backtest of ``windows`` forecasts of the horizon,
+    their origins ``step`` periods apart (default: the horizon)."""
 
-    method: Literal["holdout", "time", "kfold"] = "holdout"
+    method: Literal["holdout", "time", "kfold", "backtest"] | None = None
     fraction: float = Field(default=0.2, gt=0, lt=1)
     folds: int = Field(default=3, ge=2, le=20)
+    windows: int = Field(default=3, ge=1, le=100)
+    step: PositiveInt | None = None
     metric: str | None = None
+
+
+#: Date features of ``forecast.date_features`` (attributes of a pandas DatetimeIndex).
+DATE_FEATURES = ("year", "quarter", "month", "week", "day", "dayofweek", "dayofyear",
+                 "hour", "minute", "is_month_start", "is_month_end", "is_quarter_start",
+                 "is_quarter_end", "is_year_start", "is_year_end")
+
+
+class ForecastConfig(StrictModel):
+    """Task forecast: what each series is forecast with.
+
+    ``frequency``: a pandas offset alias of the time column (D, W, MS, H, ...), or an
+    integer step for an integer time column. ``lags``, ``rolling`` (statistic -> windows,
+    over the target lagged by ``rolling_lag``) and ``date_features`` are the features of
+    the lag-model candidates (LightGBM, XGBoost, scikit-learn, CatBoost), which forecast
+    recursively; ``transform`` applies to their target. ``exogenous``: columns known in
+    the future (forecasts need their future values); ``gaps``: what a missing date in a
+    series does (skip the series, or fill the target with zero or the previous value).
+    """
+
+    horizon: PositiveInt
+    frequency: PositiveInt | str
+    season_length: PositiveInt | None = None
+    lags: list[PositiveInt] | None = None
+    rolling: dict[Literal["mean", "std", "min", "max"], list[PositiveInt]] = Field(
+        default_factory=dict)
+    rolling_lag: PositiveInt = 1
+    date_features: list[str] = Field(default_factory=list)
+    exogenous: list[str] = Field(default_factory=list)
+    transform: Literal["none", "difference", "log1p"] = "none"
+    gaps: Literal["skip", "zero", "forward"] = "skip"
+
+    @after_validator
+    def _check(self) -> ForecastConfig:
+        if isinstance(self.frequency, str):
+            import pandas as pd
+
+            try:
+                pd.tseries.frequencies.to_offset(self.frequency)
+            except ValueError:
+                raise ValueError(
+                    f"forecast.frequency={self.frequency!r} is not a pandas frequency: use "
+                    "an offset alias (D, W, MS, h, ...) or an integer step") from None
+        unknown = sorted(set(self.date_features) - set(DATE_FEATURES))
+        if unknown:
+            raise ValueError(f"forecast.date_features {unknown} unknown; allowed: "
+                             f"{list(DATE_FEATURES)}")
+        if self.date_features and not isinstance(self.frequency, str):
+            raise ValueError("forecast.date_features need a date time column: an integer "
+                             "frequency has no dates")
+        if self.lags is not None and not self.lags:
+            raise ValueError("forecast.lags is empty: list lags, or omit it for the default")
+        return self
+
+    @property
+    def seasonality(self) -> int:
+        """The season length: as configured, else from the frequency (1 when unknown)."""
+        if self.season_length:
+            return self.season_length
+        if not isinstance(self.frequency, str):
+            return 1
+        import pandas as pd
+
+        name = pd.tseries.frequencies.to_offset(self.frequency).name.upper()
+        base = name.split("-")[0]
+        for prefix, length in (("W", 52), ("QS", 4), ("Q", 4), ("MS", 12), ("ME", 12),
+                               ("M", 12), ("D", 7), ("B", 5), ("H", 24)):
+            if base.startswith(prefix):
+                return length
+        return 1
+
+    @property
+    def lag_list(self) -> list[int]:
+        """The lags: as configured, else 1 to the season length (at most 14) and the
+        season length."""
+        if self.lags:
+            return sorted(set(self.lags))
+        season = self.seasonality
+        return sorted({*range(1, min(season, 14) + 1), season})
 
 
 class RangeSpace(StrictModel):
@@ -219,6 +302,7 @@ class JobConfig(StrictModel):
     features: list[str] | None = None
     time_column: str | None = None
     task: Task = "regression"
+    forecast: ForecastConfig | None = None
     validation: ValidationConfig = Field(default_factory=ValidationConfig)
     models: list[CandidateConfig] = non_empty()
     ensemble: EnsembleConfig = Field(default_factory=EnsembleConfig)
@@ -255,6 +339,15 @@ class JobConfig(StrictModel):
             )
         if self.validation.metric is None:
             self.validation.metric = metric
+        if self.validation.method is None:
+            self.validation.method = "backtest" if self.task == "forecast" else "holdout"
+        if (self.validation.method == "backtest") != (self.task == "forecast"):
+            raise ValueError("validation.method=backtest is the validation of task forecast, "
+                             "and task forecast validates by backtest only")
+        if self.task == "forecast":
+            self._check_forecast()
+        elif self.forecast is not None:
+            raise ValueError("a forecast section needs task: forecast")
         if self.features is not None:
             if not self.features:
                 raise ValueError("features is empty: list features, or omit it for all")
@@ -277,6 +370,30 @@ class JobConfig(StrictModel):
             raise ValueError(f"candidate name(s) {reserved} are reserved for the naive baseline "
                              "and the global model: rename the candidate(s)")
         return self
+
+    def _check_forecast(self) -> None:
+        from raybricks import kinds
+
+        if self.forecast is None:
+            raise ValueError("task forecast needs a forecast section: at least "
+                             "forecast.horizon and forecast.frequency")
+        if not self.time_column:
+            raise ValueError("task forecast needs time_column: the date of each row")
+        if self.features is not None:
+            raise ValueError("task forecast builds its own features: list columns known in "
+                             "the future under forecast.exogenous instead of features")
+        if self.fallback == "global":
+            raise ValueError("fallback: global is not available for task forecast: series "
+                             "without a model are served by their naive forecast")
+        taken = {self.target, self.time_column, *self.segment_by} & set(self.forecast.exogenous)
+        if taken:
+            raise ValueError(f"forecast.exogenous lists {sorted(taken)}, which are the target, "
+                             "the time column or segment columns")
+        for model in self.models:
+            kinds.forecaster_kind(model.kind)  # ValueError: this kind cannot forecast
+        if self.refit is False:
+            raise ValueError("task forecast refits every member on the whole series: "
+                             "refit: false is not available")
 
     @property
     def metric(self) -> str:

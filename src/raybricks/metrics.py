@@ -41,6 +41,17 @@ def smape(y: np.ndarray, pred: np.ndarray) -> float:
     return float(np.mean(ratio))
 
 
+def wape(y: np.ndarray, pred: np.ndarray) -> float:
+    """Weighted absolute percentage error: the absolute errors over the absolute actuals."""
+    total = np.sum(np.abs(y))
+    return float(np.sum(np.abs(y - pred)) / total) if total > 0 else float("nan")
+
+
+def bias(y: np.ndarray, pred: np.ndarray) -> float:
+    """Mean forecast error (prediction minus actual): positive when forecasts run high."""
+    return float(np.mean(pred - y))
+
+
 def r2(y: np.ndarray, pred: np.ndarray) -> float:
     total = np.sum((y - y.mean()) ** 2)
     if total == 0:
@@ -95,6 +106,11 @@ class Metric:
     function: Callable[[np.ndarray, np.ndarray], float]
     tasks: frozenset[str]
     greater_is_better: bool
+    #: forecasting: the caller divides actuals and predictions by the series' in-sample
+    #: seasonal naive error first (MASE is MAE scaled so)
+    scaled: bool = False
+    #: a signed metric whose best value is zero (bias): ranked by its absolute value
+    signed: bool = False
 
     def score(self, y: np.ndarray, pred: np.ndarray) -> float:
         """The metric of predictions ``pred`` against actual values ``y``."""
@@ -108,6 +124,8 @@ class Metric:
         (None or NaN) value ranks last."""
         if _missing(value):
             return float("inf")
+        if self.signed:
+            return abs(value)
         return -value if self.greater_is_better else value
 
     def better(self, a: float | None, b: float | None) -> bool:
@@ -117,17 +135,21 @@ class Metric:
             return False
         if _missing(b):
             return True
-        return a > b if self.greater_is_better else a < b
+        return self.loss(a) < self.loss(b)
 
     def not_worse(self, a: float, b: float) -> bool:
         """True when ``a`` is at least as good as ``b`` (False when either is NaN)."""
-        return a >= b if self.greater_is_better else a <= b
+        if _missing(a) or _missing(b):
+            return False
+        return self.loss(a) <= self.loss(b)
 
     def beats(self, values: Iterable[float], baselines: Iterable[float]) -> float:
         """The share of positions where ``values`` is strictly better than ``baselines``
         (NaN on either side counts as not better); NaN when there are none."""
         values = np.asarray(values, dtype=float)
         baselines = np.asarray(baselines, dtype=float)
+        if self.signed:
+            values, baselines = np.abs(values), np.abs(baselines)
         wins = values > baselines if self.greater_is_better else values < baselines
         return float(np.mean(wins)) if len(values) else float("nan")
 
@@ -142,13 +164,14 @@ class Metric:
         if self.greater_is_better:
             raw = [EPS if _missing(v) else max(v, EPS) for v in values]
         else:
-            raw = [EPS if _missing(v) else 1.0 / max(v, EPS) for v in values]
+            raw = [EPS if _missing(v) else 1.0 / max(self.loss(v), EPS) for v in values]
         total = sum(raw)
         return [w / total for w in raw]
 
 
-_REGRESSION = frozenset({"regression"})
+_REGRESSION = frozenset({"regression", "forecast"})
 _CLASSIFICATION = frozenset({"binary", "multiclass"})
+_FORECAST = frozenset({"forecast"})
 
 METRICS: dict[str, Metric] = {
     m.name: m
@@ -157,7 +180,10 @@ METRICS: dict[str, Metric] = {
         Metric("mae", mae, _REGRESSION, greater_is_better=False),
         Metric("mape", mape, _REGRESSION, greater_is_better=False),
         Metric("smape", smape, _REGRESSION, greater_is_better=False),
-        Metric("r2", r2, _REGRESSION, greater_is_better=True),
+        Metric("r2", r2, frozenset({"regression"}), greater_is_better=True),
+        Metric("mase", mae, _FORECAST, greater_is_better=False, scaled=True),
+        Metric("wape", wape, _FORECAST, greater_is_better=False),
+        Metric("bias", bias, _FORECAST, greater_is_better=False, signed=True),
         Metric("logloss", logloss, _CLASSIFICATION, greater_is_better=False),
         Metric("auc", auc, _CLASSIFICATION, greater_is_better=True),
         Metric("accuracy", accuracy, _CLASSIFICATION, greater_is_better=True),
@@ -165,7 +191,7 @@ METRICS: dict[str, Metric] = {
     )
 }
 DEFAULT_METRIC: dict[str, str] = {
-    "regression": "rmse", "binary": "logloss", "multiclass": "logloss",
+    "regression": "rmse", "binary": "logloss", "multiclass": "logloss", "forecast": "mase",
 }
 
 

@@ -78,6 +78,7 @@ def package_result(result: TrainingResult, directory: Path, source: str = "") ->
         "metric": result.metric,
         "classes": _classes(models, fallback) if result.task in CLASSIFICATION else None,
         "training_run": result.run_id,
+        "forecast": result.forecast,
     }
     return write_segments(directory, manifest, index, models, fallback)
 
@@ -119,7 +120,7 @@ def library_versions(stored: list[str], recorded: dict[str, Any] | None = None
     they were trained with: as ``recorded`` (a merge keeps both models'), else the one
     installed here, the driver's, which is also what the model's requirements pin."""
     versions = {}
-    libraries = {kinds.resolve(kind).library for kind in stored}
+    libraries = {name for kind in stored for name in kinds.resolve(kind).libraries()}
     for library in sorted(name for name in libraries if name):
         version = (recorded or {}).get(library) or installed_version(library)
         if version:

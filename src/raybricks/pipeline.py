@@ -101,14 +101,15 @@ def train(
     timings: dict[str, float] = {}
     start = time.perf_counter()
     for candidate in config.models:
-        kinds.of(candidate).check()
+        (kinds.forecaster(candidate) if config.forecast else kinds.of(candidate)).check()
     if register:
         tracking.check_registry_name(config, tracking.configure_tracking().registry_uri)
     spark = spark or spark_session()
+    features = config.features or (config.forecast.exogenous if config.forecast else None)
     columns = list(dict.fromkeys(
-        (config.features or []) + [config.target]
+        (features or []) + [config.target]
         + ([config.time_column] if config.time_column else [])
-    )) if config.features else None
+    )) if features is not None else None
     df = select_and_filter(
         read_source(config.source, spark), config.segment_by, columns, config.source.where
     )

@@ -158,6 +158,7 @@ class TrainingResult:
     task: str = "regression"
     features: tuple[str, ...] | list[str] = ()
     example: pd.DataFrame | None = None  # a few input rows (segment columns and features)
+    forecast: dict[str, Any] | None = None  # task forecast: what ``raybricks forecast`` needs
 
     def models(self) -> pa.Table:
         return read_parts(self.run_dir / "models")

@@ -36,6 +36,7 @@ from raybricks.session import save_table
 from raybricks.sources import read_source, source_of
 
 if TYPE_CHECKING:
+    import pandas as pd
     from pyspark.sql import DataFrame, SparkSession
 
 log = logging.getLogger(__name__)
@@ -155,11 +156,21 @@ def score(
     ScoreSummary returned; without, the scored Spark DataFrame is returned (lazy).
     """
     from raybricks.cluster import spark_session
-    from raybricks.tracking import configure_tracking
 
     start = time.perf_counter()
-    configure_tracking()
     spark = spark or spark_session()
+    local, manifest = fetch_model(model_uri)
+    df = input if not isinstance(input, str) else read_source(source_of(input), spark)
+    return _score(model_uri, local, manifest, df, output, spark, probabilities,
+                  cache_segments, partitions, start)
+
+
+def fetch_model(model_uri: str) -> tuple[Path, dict]:
+    """The model's files, local, and its manifest; refuses what is not a segmented model
+    this raybricks reads."""
+    from raybricks.tracking import configure_tracking
+
+    configure_tracking()
     workdir = tempfile.mkdtemp(prefix="raybricks-score-")
     local = download_model(model_uri, workdir)
     manifest_path = local / "artifacts" / "segments" / MANIFEST
@@ -171,10 +182,15 @@ def score(
             f"{model_uri} was written by a newer raybricks (format "
             f"{manifest['format_version']}); upgrade raybricks to score it"
         )
+    return local, manifest
+
+
+def _score(model_uri: str, local: Path, manifest: dict, df: DataFrame, output: str | None,
+           spark: SparkSession, probabilities: bool, cache_segments: int,
+           partitions: int | None, start: float) -> ScoreSummary | DataFrame:
     versions = library_version_problem(manifest, model_uri)
     if versions:  # once, here: not in every task that loads the model's members
         log.warning("%s", versions)
-    df = input if not isinstance(input, str) else read_source(source_of(input), spark)
     segment_by = manifest["segment_by"]
     problem = missing_columns(df.columns, segment_by, manifest["features"])
     if problem:
@@ -205,3 +221,73 @@ def score(
                            time.perf_counter() - start)
     log.info("%s", summary)
     return summary
+
+
+def forecast(
+    model_uri: str, output: str | None = None, *, horizon: int | None = None,
+    segments: str | DataFrame | None = None, spark: SparkSession | None = None,
+    cache_segments: int = 2048, partitions: int | None = None,
+) -> ScoreSummary | DataFrame:
+    """The next ``horizon`` periods (default: the model's) of every segment the model
+    serves (or of those in ``segments``: a table, path or DataFrame with the segment
+    columns), after each series' own last date: one row per segment and period with the
+    time column and ``prediction``, written to ``output`` as ``score`` writes."""
+    from raybricks.cluster import spark_session
+
+    start = time.perf_counter()
+    spark = spark or spark_session()
+    local, manifest = fetch_model(model_uri)
+    spec = manifest.get("forecast")
+    if not spec:
+        raise RaybricksError(f"{model_uri} is a {manifest['task']} model, not a forecasting "
+                             "one: use raybricks score")
+    if spec["exogenous"]:
+        raise RaybricksError(
+            f"{model_uri} forecasts with exogenous columns {spec['exogenous']}: it needs "
+            "their future values; score a table of the future rows (segment columns, "
+            f"{spec['time_column']!r} and {spec['exogenous']}) with raybricks score")
+    horizon = horizon or spec["horizon"]
+    if not 0 < horizon <= spec["answers"]:
+        raise RaybricksError(f"horizon {horizon} is outside 1..{spec['answers']} (ten times "
+                             f"the trained horizon of {spec['horizon']})")
+    future = future_rows(local / "artifacts" / "segments", manifest, horizon)
+    rows = spark.createDataFrame(future) if len(future) else spark.createDataFrame(
+        [], ", ".join(f"`{c}` string" for c in future.columns))
+    if segments is not None:
+        wanted = segments if not isinstance(segments, str) else read_source(
+            source_of(segments), spark)
+        keys = wanted.select(*manifest["segment_by"]).distinct()
+        rows = rows.join(keys, on=manifest["segment_by"], how="inner")
+    return _score(model_uri, local, manifest, rows, output, spark, False, cache_segments,
+                  partitions, start)
+
+
+def future_rows(directory: Path, manifest: dict, horizon: int) -> pd.DataFrame:
+    """Per segment with a model, its next ``horizon`` periods: the segment columns and
+    the time column (typed as in training)."""
+    import pandas as pd
+    import pyarrow.parquet as pq
+
+    from raybricks.kinds.forecasting import future_times
+    from raybricks.segmented_model import SHARDS, key_tuples
+
+    segment_by, spec = manifest["segment_by"], manifest["forecast"]
+    lasts: dict[tuple, object] = {}
+    for shard in sorted(directory.glob(SHARDS)):
+        table = pq.read_table(shard, columns=[*segment_by, "meta"])
+        for key, meta in zip(key_tuples(table, segment_by),
+                             table.column("meta").to_pylist(), strict=True):
+            if key not in lasts:
+                lasts[key] = json.loads(meta)["forecast"]["last"]
+    time_column = spec["time_column"]
+    paths = {last: future_times(spec, last if isinstance(last, int) else pd.Timestamp(last),
+                                horizon) for last in set(lasts.values())}
+    keys = list(lasts)
+    frame = pd.DataFrame(keys, columns=segment_by).loc[
+        lambda f: f.index.repeat(horizon)].reset_index(drop=True)
+    times = [t for key in keys for t in paths[lasts[key]]]
+    if spec["time_type"] == "date":
+        times = [t.date() for t in times]
+    frame[time_column] = pd.Series(times, dtype="object" if spec["time_type"] == "date"
+                                   else None)
+    return frame

@@ -18,6 +18,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from . import lags
 from .base import (
     CLASSIFICATION,
     ModelKind,
@@ -27,6 +28,7 @@ from .base import (
     prepare_features,
     to_float,
 )
+from .forecasting import ForecastKind
 
 #: Built-in kinds: name -> "module:Class" in this package. One line per kind.
 BUILTIN = {
@@ -37,6 +39,7 @@ BUILTIN = {
     "catboost": "catboost:CatBoostKind",
     "baseline": "baseline:BaselineKind",
     "global": "pooled:GlobalKind",
+    "statsforecast": "statsforecast:StatsForecastKind",
 }
 
 
@@ -55,6 +58,8 @@ def resolve(kind: str) -> type[ModelKind]:
     """The class of a built-in kind by name, or of a user's kind by import path."""
     if kind in _BUILTIN_CLASSES:
         return _BUILTIN_CLASSES[kind]
+    if kind.startswith(lags.PREFIX):  # a table kind forecasting on lags
+        return lags.LagsKind.for_regressor(resolve(kind[len(lags.PREFIX):]))
     if "." not in kind:
         raise ValueError(
             f"kind {kind!r} is unknown; allowed: {list(BUILTIN)} or the import path of a "
@@ -64,6 +69,23 @@ def resolve(kind: str) -> type[ModelKind]:
             and hasattr(found, "predict_loaded")):
         raise ValueError(f"kind {kind!r} is not a ModelKind subclass ({found!r})")
     return found
+
+
+def forecaster_kind(kind: str) -> type[ForecastKind]:
+    """The kind that forecasts for a candidate of ``kind`` (task forecast): a forecasting
+    kind itself, else the table kind fitted on lags (``lags:<kind>``)."""
+    found = resolve(kind)
+    if getattr(found, "forecasts", False):
+        return found
+    if found.uses_fallback:
+        raise ValueError(f"kind {kind!r} cannot forecast: use lightgbm, xgboost, sklearn, "
+                         "catboost, statsforecast or your own kind")
+    return resolve(lags.PREFIX + kind)
+
+
+def forecaster(candidate: Any) -> ForecastKind:
+    """The forecasting kind of a candidate of task forecast, ready to fit series."""
+    return forecaster_kind(candidate.kind)(candidate)
 
 
 def of(candidate: Any) -> ModelKind:
@@ -87,7 +109,8 @@ def ship(stored: Iterable[str], directory: Path) -> list[str]:
     paths = {str(directory / SHIPPED_NAME)}
     for name in sorted(set(stored)):
         kind = resolve(name)
-        if name in BUILTIN or not kind.shipped:
+        kind = getattr(kind, "regressor", kind)  # lags:<kind>: the table kind's module
+        if kind.__module__.startswith(f"{__name__}.") or not kind.shipped:
             continue
         module = sys.modules[kind.__module__]
         parts = kind.__module__.split(".")
@@ -106,6 +129,7 @@ def ship(stored: Iterable[str], directory: Path) -> list[str]:
 
 
 __all__ = [
-    "BUILTIN", "CLASSIFICATION", "ModelKind", "filled_input", "frame_input", "import_object",
-    "of", "prepare_features", "resolve", "ship", "to_float",
+    "BUILTIN", "CLASSIFICATION", "ForecastKind", "ModelKind", "filled_input", "forecaster",
+    "forecaster_kind", "frame_input", "import_object", "of", "prepare_features", "resolve",
+    "ship", "to_float",
 ]

@@ -177,6 +177,11 @@ class ModelKind:
     def __init__(self, candidate: Any) -> None:
         self.candidate = candidate
 
+    @classmethod
+    def libraries(cls) -> tuple[str, ...]:
+        """Every distribution the stored members need (``library``, if any)."""
+        return (cls.library,) if cls.library else ()
+
     # -- the stored half: what the registered model runs
 
     @classmethod

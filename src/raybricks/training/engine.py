@@ -55,6 +55,7 @@ from raybricks.results import (
     write_part,
 )
 from raybricks.training import segment as seg
+from raybricks.training.forecast import forecast_manifest, future_example, train_series
 from raybricks.training.search import trial_settings
 from raybricks.training.segment import Plan
 
@@ -88,7 +89,8 @@ def train_block(
     skip = watch.timed_out() if watch is not None else set()
     results, members = [], []
     # the columns are converted once per block; a segment's rows are slices of them
-    columns = seg.columns_of(block.select(plan.columns).to_pandas(), plan)
+    frame = block.select(plan.columns).to_pandas()
+    columns = None if plan.forecast else seg.columns_of(frame, plan)
     with limit_threads(plan), SegmentWatchdog(watch) as watchdog:
         for key, start, end in segment_bounds(block, plan.segment_by):
             if key in skip or (only is not None and key not in only) or is_large(
@@ -96,7 +98,11 @@ def train_block(
             ):
                 continue
             watchdog.started(key)
-            row, segment_members = seg.train_segment(columns.rows(slice(start, end)), key, plan)
+            if columns is None:  # task forecast: one series
+                row, segment_members = train_series(frame.iloc[start:end], key, plan)
+            else:
+                row, segment_members = seg.train_segment(columns.rows(slice(start, end)),
+                                                         key, plan)
             watchdog.started(None)
             results.append(row)
             members.extend(keyed_members(plan, key, segment_members))
@@ -107,7 +113,7 @@ def warm_up(plan: Plan) -> None:
     """Import the candidates' libraries and user code before any clock starts: a fresh
     worker's imports are not part of a segment's fit time."""
     for candidate in plan.candidates:
-        kinds.of(candidate).warm_up()
+        (kinds.forecaster(candidate) if plan.forecast else kinds.of(candidate)).warm_up()
 
 
 def limit_threads(plan: Plan) -> contextlib.AbstractContextManager:
@@ -353,7 +359,8 @@ def train_segments(
         sum(len(b) for b in bounds), sum(len(x) for x in large), len(done or ()), len(refs),
     )
     # with a time limit per segment, segments train in packed tasks, which enforce it
-    if 0 < n_todo < cpus and done is None and config.training.segment_timeout_s is None:
+    if (0 < n_todo < cpus and done is None and config.training.segment_timeout_s is None
+            and not plan.forecast):
         _run_spread(refs, todo, plan, config, run_dir)
     elif n_todo:
         chunks = make_chunks([set(keys) for keys in todo], bounds, cpus // plan.threads)
@@ -367,7 +374,8 @@ def train_segments(
     example = input_example(refs, bounds, segments, plan)
     result = TrainingResult(run_id, run_dir, plan.segment_by, plan.metric, segments,
                             fallback, time.perf_counter() - start, task=plan.task,
-                            features=plan.features, example=example)
+                            features=plan.features, example=example,
+                            forecast=forecast_manifest(plan, segmented.schema))
     log.info("%s", result.summary())
     return result
 
@@ -382,6 +390,8 @@ def input_example(refs, bounds, segments: pd.DataFrame, plan: Plan) -> pd.DataFr
         if block and (wanted is None or any(key == wanted for key, _ in block)):
             key = wanted if wanted is not None else block[0][0]
             rows = segment_rows(ray.get(ref), plan, key)
+            if plan.forecast:  # the periods after the series' history
+                return future_example(rows, plan)
             return rows[plan.segment_by + plan.features].head(5).reset_index(drop=True)
     return None
 

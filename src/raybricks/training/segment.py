@@ -64,6 +64,7 @@ class Plan:
     global_token: str = ""
     serve_skipped: bool = False  # skipped segments get their baseline (no global model)
     key_fields: list[pa.Field] = field(default_factory=list)  # segment columns' types
+    forecast: dict[str, Any] | None = None  # task forecast: ``forecast.forecast_spec``
 
     @property
     def columns(self) -> list[str]:
@@ -76,6 +77,8 @@ UNSUPPORTED = (pa.types.is_nested, pa.types.is_binary, pa.types.is_large_binary)
 
 def make_plan(config: JobConfig, schema: pa.Schema, threads: int = 1) -> Plan:
     """Resolve features and their kinds from the table's schema; refuse what cannot work."""
+    if config.task == "forecast":
+        return forecast_plan(config, schema, threads)
     names = schema.names
     needed = config.segment_by + [config.target] + (config.features or [])
     if config.time_column:
@@ -117,6 +120,44 @@ def make_plan(config: JobConfig, schema: pa.Schema, threads: int = 1) -> Plan:
         pool=competitors(config),
         serve_skipped=config.selection == "all" and config.fallback != "global",
         large_segment_rows=config.training.large_segment_rows,
+        key_fields=[schema.field(name) for name in config.segment_by],
+    )
+
+
+def forecast_plan(config: JobConfig, schema: pa.Schema, threads: int) -> Plan:
+    """Task forecast: the model's inputs are the time column and the exogenous columns;
+    every series competes with its naive forecast."""
+    from raybricks.training import forecast  # it builds on this module
+
+    spec = forecast.forecast_spec(config)
+    needed = config.segment_by + [config.target, config.time_column, *spec["exogenous"]]
+    missing = [c for c in needed if c not in schema.names]
+    if missing:
+        raise DataError(f"column(s) {missing} not in the data; it has {schema.names}")
+    for column in [config.target, *spec["exogenous"]]:
+        kind = schema.field(column).type
+        if not (pa.types.is_integer(kind) or pa.types.is_floating(kind)
+                or pa.types.is_decimal(kind)):
+            raise DataError(f"column {column!r} is {kind}, not numeric: task forecast needs "
+                            "a numeric target and numeric exogenous columns")
+    time_type = schema.field(config.time_column).type
+    dated = pa.types.is_timestamp(time_type) or pa.types.is_date(time_type)
+    if dated != isinstance(spec["frequency"], str) or not (
+            dated or pa.types.is_integer(time_type)):
+        raise DataError(
+            f"time column {config.time_column!r} is {time_type} but forecast.frequency is "
+            f"{spec['frequency']!r}: dates and timestamps take a pandas frequency (D, W, MS, "
+            "h, ...), integer periods an integer step")
+    return Plan(
+        segment_by=list(config.segment_by), target=config.target,
+        features=[config.time_column, *spec["exogenous"]], categorical=[],
+        time_column=config.time_column, task=config.task, metric=config.metric,
+        method="backtest", fraction=0.0, folds=spec["windows"],
+        candidates=list(config.models), ensemble=config.ensemble.method,
+        top_k=config.ensemble.top_k, refit=True, min_rows=config.min_rows, seed=config.seed,
+        threads=threads, selection=config.selection,
+        pool=forecast.baselines(spec) if config.selection == "all" else [],
+        serve_skipped=True, large_segment_rows=0, forecast=spec,
         key_fields=[schema.field(name) for name in config.segment_by],
     )
 

@@ -1,0 +1,108 @@
+"""What forecasting kinds share: a series' spec (``meta["forecast"]``), the future dates
+after its history, and the stored half that answers rows of (segment, future date,
+exogenous values) with the forecast for that date.
+
+A forecasting kind's training half works on one series as a frame of ``ds`` (the time
+column), ``y`` and the exogenous columns: ``fit_series(params, history, seed, threads)``
+returns a fitted model, ``forecast(model, future)`` its values for the dates of
+``future`` (the next ``len(future)`` periods, with their exogenous values).
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import numpy as np
+import pandas as pd
+
+from .base import ModelKind
+
+#: The series frame's columns (as statsforecast and mlforecast name them).
+ID, TIME, TARGET = "unique_id", "ds", "y"
+
+
+def future_times(spec: dict[str, Any], last: Any, steps: int) -> pd.Index:
+    """The ``steps`` periods after ``last`` at the series' frequency."""
+    frequency = spec["frequency"]
+    if isinstance(frequency, int):
+        return pd.Index(last + frequency * np.arange(1, steps + 1))
+    return pd.date_range(pd.Timestamp(last), periods=steps + 1, freq=frequency)[1:]
+
+
+def times_of(values: pd.Series | np.ndarray, spec: dict[str, Any]) -> pd.Index:
+    """Time values as the series holds them: timestamps (also from ``prepare_features``'
+    epoch seconds) or integers."""
+    if isinstance(spec["frequency"], int):
+        return pd.Index(np.asarray(values, dtype="float64").astype("int64"))
+    values = pd.Series(values)
+    if pd.api.types.is_numeric_dtype(values.dtype):
+        return pd.Index(pd.to_datetime(values.to_numpy(dtype="float64"), unit="s"))
+    stamps = pd.to_datetime(values)
+    if getattr(stamps.dt, "tz", None) is not None:
+        stamps = stamps.dt.tz_convert("UTC").dt.tz_localize(None)
+    return pd.Index(stamps)
+
+
+def steps_ahead(times: pd.Index, spec: dict[str, Any], last: Any, limit: int) -> np.ndarray:
+    """For each time, how many periods after ``last`` it is (1 = the next period); 0 for
+    a time that is not one of the next ``limit`` periods."""
+    grid = future_times(spec, last, limit)
+    position = grid.get_indexer(times)
+    return np.where(position >= 0, position + 1, 0)
+
+
+class ForecastKind(ModelKind):
+    """A kind that forecasts series. Its stored half answers rows carrying the time
+    column (``meta["features"][0]``) and the exogenous columns: one value per row, the
+    forecast for that row's date; NaN for a date that is not one of the next
+    ``meta["forecast"]["limit"]`` periods after the series' history."""
+
+    #: a forecasting kind: the recursive path and the series spec apply
+    forecasts: ClassVar[bool] = True
+
+    @classmethod
+    def predict_loaded(cls, model: Any, features: pd.DataFrame, meta: dict[str, Any]
+                       ) -> np.ndarray:
+        spec = meta["forecast"]
+        time_column, exogenous = meta["features"][0], spec["exogenous"]
+        last = spec["last"] if isinstance(spec["frequency"], int) else pd.Timestamp(
+            spec["last"])
+        times = times_of(features[time_column], spec)
+        steps = steps_ahead(times, spec, last, spec["limit"])
+        out = np.full(len(features), np.nan)
+        if not steps.any():
+            return out
+        horizon = int(steps.max())
+        future = pd.DataFrame({TIME: future_times(spec, last, horizon)})
+        if exogenous:
+            known = features.loc[steps > 0, exogenous].set_axis(steps[steps > 0] - 1)
+            known = known[~known.index.duplicated()].reindex(range(horizon))
+            if known.isna().any(axis=None):
+                missing = future[TIME][known.isna().any(axis=1).to_numpy()]
+                raise ValueError(
+                    f"exogenous values {exogenous} missing for {len(missing)} period(s) "
+                    f"from {missing.iloc[0]}: a forecast needs them for every period from "
+                    f"the first after the history ({future[TIME].iloc[0]}) to the last "
+                    "one asked for")
+            future = pd.concat([future, known.reset_index(drop=True)], axis=1)
+        path = np.asarray(cls.forecast_loaded(model, future, meta), dtype="float64")
+        out[steps > 0] = path[steps[steps > 0] - 1]
+        return out
+
+    @classmethod
+    def forecast_loaded(cls, model: Any, future: pd.DataFrame, meta: dict[str, Any]
+                        ) -> np.ndarray:
+        """A loaded model's forecast for the next ``len(future)`` periods (``future``:
+        their ``ds`` and exogenous values)."""
+        raise NotImplementedError
+
+    # -- the training half
+
+    def fit_series(self, params: dict[str, Any], history: pd.DataFrame, seed: int,
+                   threads: int, spec: dict[str, Any]) -> Any:
+        """A model fitted on one series (``history``: ``ds``, ``y``, exogenous)."""
+        raise NotImplementedError
+
+    def forecast(self, model: Any, future: pd.DataFrame, spec: dict[str, Any]) -> np.ndarray:
+        """The fitted model's values for the periods of ``future``."""
+        return self.forecast_loaded(model, future, {"forecast": spec})

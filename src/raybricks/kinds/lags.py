@@ -1,0 +1,154 @@
+"""Lag models: any kind that fits tables (LightGBM, XGBoost, scikit-learn, CatBoost, a
+user's kind) fitted to one series on its lags, rolling statistics of lags, date features
+and exogenous columns, forecasting recursively, with mlforecast's feature machinery.
+
+A candidate ``{kind: lightgbm}`` of task forecast is stored as kind ``lags:lightgbm``:
+the fitted ``MLForecast`` (pickled without its regressor) and the regressor as its own
+kind stores it, so the registered model needs mlforecast and the regressor's library.
+"""
+
+from __future__ import annotations
+
+import pickle
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from .base import ModelKind, prepare_features
+from .forecasting import ID, TIME, ForecastKind
+
+PREFIX = "lags:"
+MODEL = "model"  # the regressor's name inside MLForecast
+
+
+class KindRegressor:
+    """A kind as the scikit-learn regressor mlforecast fits and calls: ``fit(X, y)``,
+    ``predict(X)``."""
+
+    def __init__(self, kind: ModelKind | type[ModelKind], params: dict[str, Any],
+                 seed: int = 0, threads: int = 1, model: Any = None,
+                 meta: dict[str, Any] | None = None) -> None:
+        self.kind, self.params, self.seed, self.threads = kind, params, seed, threads
+        self.model, self.meta = model, meta
+
+    def get_params(self, deep: bool = True) -> dict[str, Any]:  # for sklearn.clone
+        return {"kind": self.kind, "params": self.params, "seed": self.seed,
+                "threads": self.threads}
+
+    def set_params(self, **params: Any) -> KindRegressor:
+        for name, value in params.items():
+            setattr(self, name, value)
+        return self
+
+    def fit(self, X: pd.DataFrame, y: np.ndarray) -> KindRegressor:
+        self.meta = {"features": list(X.columns), "categorical": {}, "task": "regression",
+                     "fill": {c: 0.0 for c in X.columns}}
+        data = self.kind.model_input(prepare_features(X, self.meta), self.meta)
+        self.model = self.kind.fit(self.params, data, np.asarray(y, dtype="float64"),
+                                   "regression", self.seed, self.threads, self.meta)
+        return self
+
+    def predict(self, X: pd.DataFrame) -> np.ndarray:
+        features = prepare_features(X, self.meta)
+        if isinstance(self.kind, type):  # loaded: the kind's stored half
+            return self.kind.predict_loaded(self.model, features, self.meta)
+        return self.kind.predict(self.model, self.kind.model_input(features, self.meta),
+                                 "regression")
+
+
+def lag_transforms(spec: dict[str, Any]) -> dict[int, list]:
+    from mlforecast import lag_transforms as transforms
+
+    made = {"mean": transforms.RollingMean, "std": transforms.RollingStd,
+            "min": transforms.RollingMin, "max": transforms.RollingMax}
+    rolling = [made[stat](window_size=w) for stat, windows in spec["rolling"].items()
+               for w in windows]
+    return {spec["rolling_lag"]: rolling} if rolling else {}
+
+
+def target_transforms(spec: dict[str, Any]) -> list | None:
+    if spec["transform"] == "difference":
+        from mlforecast.target_transforms import Differences
+
+        return [Differences([1])]
+    if spec["transform"] == "log1p":
+        from mlforecast.target_transforms import GlobalSklearnTransformer
+        from sklearn.preprocessing import FunctionTransformer
+
+        return [GlobalSklearnTransformer(FunctionTransformer(np.log1p, np.expm1))]
+    return None
+
+
+def memory(spec: dict[str, Any]) -> int:
+    """How many of the last values the recursive forecast needs."""
+    windows = [w for ws in spec["rolling"].values() for w in ws]
+    return max(spec["lags"] + [spec["rolling_lag"] + w for w in windows]) + 1
+
+
+class LagsKind(ForecastKind):
+    """``lags:<kind>``: made by ``for_regressor``; ``regressor`` is the table kind."""
+
+    name = "lags"
+    library = "mlforecast"
+    regressor: type[ModelKind] = ModelKind
+
+    @classmethod
+    def libraries(cls) -> tuple[str, ...]:
+        return (cls.library, *cls.regressor.libraries())
+
+    @classmethod
+    def for_regressor(cls, regressor: type[ModelKind]) -> type[LagsKind]:
+        return type(f"Lags{regressor.__name__}", (cls,), {
+            "name": PREFIX + regressor.name, "regressor": regressor,
+            "requirements": regressor.requirements, "shipped": regressor.shipped,
+            "__module__": cls.__module__})
+
+    # -- stored half
+
+    @classmethod
+    def load(cls, payload: bytes, meta: dict[str, Any]) -> Any:
+        stored = pickle.loads(payload)  # noqa: S301 - the model's own trusted payload
+        forecaster = stored["mlforecast"]
+        regressor_meta = stored["meta"]
+        model = cls.regressor.load(stored["regressor"], regressor_meta)
+        forecaster.models_ = {MODEL: KindRegressor(cls.regressor, {}, model=model,
+                                                   meta=regressor_meta)}
+        return forecaster
+
+    @classmethod
+    def forecast_loaded(cls, model, future, meta) -> np.ndarray:
+        exogenous = meta["forecast"]["exogenous"]
+        X_df = future.assign(**{ID: 0})[[ID, TIME, *exogenous]] if exogenous else None
+        return model.predict(len(future), X_df=X_df)[MODEL].to_numpy(dtype="float64")
+
+    # -- training half
+
+    def check(self) -> None:
+        self.regressor(self.candidate).check()
+
+    def warm_up(self) -> None:
+        import mlforecast  # noqa: F401
+
+        self.regressor(self.candidate).warm_up()
+
+    def fit_series(self, params, history, seed, threads, spec) -> Any:
+        from mlforecast import MLForecast
+
+        forecaster = MLForecast(
+            models={MODEL: KindRegressor(self.regressor(self.candidate), params, seed,
+                                         threads)},
+            freq=spec["frequency"], lags=spec["lags"], lag_transforms=lag_transforms(spec),
+            date_features=spec["date_features"] or None,
+            target_transforms=target_transforms(spec))
+        return forecaster.fit(history.assign(**{ID: 0}), static_features=[],
+                              keep_last_n=memory(spec), cache_train_df=False)
+
+    def serialize(self, model) -> bytes:
+        regressor, unfitted = model.models_[MODEL], model.models
+        model.models_, model.models = {}, {}  # the regressor goes as its kind stores it
+        try:
+            return pickle.dumps({"mlforecast": model, "regressor": regressor.kind.serialize(
+                regressor.model), "meta": regressor.meta}, protocol=5)
+        finally:
+            model.models_, model.models = {MODEL: regressor}, unfitted

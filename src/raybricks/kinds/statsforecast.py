@@ -1,0 +1,65 @@
+"""``kind: statsforecast``: a statistical model of statsforecast fitted to each series
+(``estimator``: a class of ``statsforecast.models``, AutoETS, AutoARIMA, AutoTheta,
+SeasonalNaive, CrostonOptimized, ..., or an import path; ``params``: its arguments).
+Stored as the fitted model's pickle; the naive baselines of task forecast are this kind."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from .base import import_object
+from .forecasting import TARGET, ForecastKind
+
+
+def model_class(estimator: str) -> type:
+    """A statsforecast model class by its name in ``statsforecast.models`` or import
+    path."""
+    if "." in estimator:
+        return import_object(estimator)
+    import statsforecast.models
+
+    try:
+        return getattr(statsforecast.models, estimator)
+    except AttributeError:
+        raise ValueError(f"statsforecast.models has no model {estimator!r}") from None
+
+
+class StatsForecastKind(ForecastKind):
+    name = "statsforecast"
+    library = "statsforecast"
+
+    @classmethod
+    def check_config(cls, candidate) -> None:
+        if not candidate.estimator:
+            raise ValueError(
+                f"models[{candidate.name}] of kind statsforecast needs estimator: a model "
+                "of statsforecast.models, such as AutoETS, AutoARIMA or SeasonalNaive")
+
+    def check(self) -> None:
+        from raybricks.errors import ConfigError
+
+        try:
+            model_class(self.candidate.estimator)(**self.candidate.params)
+        except Exception as exc:  # noqa: BLE001 - an import or an argument
+            raise ConfigError(
+                f"models[{self.candidate.name}]: statsforecast model "
+                f"{self.candidate.estimator} with {self.candidate.params} cannot be built: "
+                f"{exc} (is raybricks[forecast] installed?)") from exc
+
+    def warm_up(self) -> None:
+        model_class(self.candidate.estimator)
+
+    @classmethod
+    def forecast_loaded(cls, model, future, meta) -> np.ndarray:
+        exogenous = meta["forecast"]["exogenous"]
+        X = future[exogenous].to_numpy(dtype="float64") if exogenous else None
+        return np.asarray(model.predict(h=len(future), X=X)["mean"], dtype="float64")
+
+    def fit_series(self, params, history: pd.DataFrame, seed, threads, spec) -> Any:
+        exogenous = spec["exogenous"]
+        X = history[exogenous].to_numpy(dtype="float64") if exogenous else None
+        y = history[TARGET].to_numpy(dtype="float64")
+        return model_class(self.candidate.estimator)(**params).fit(y, X)

@@ -1,0 +1,308 @@
+"""Training one series (task forecast): clean it onto its frequency's grid, backtest every
+candidate over rolling origins, select or blend per series (the seasonal naive baseline
+competes), refit the chosen members on the whole series.
+
+Plain Python on one segment's pandas frame, like ``segment.py``, whose selection and
+result rows it shares; the packed engine runs it for many series per task.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+from raybricks import kinds, metrics
+from raybricks.config import CandidateConfig, JobConfig
+from raybricks.kinds.forecasting import TARGET, TIME, future_times, times_of
+from raybricks.kinds.lags import memory
+from raybricks.results import TRAINED
+from raybricks.training.search import trial_settings
+from raybricks.training.segment import (
+    Evaluation,
+    Plan,
+    Skip,
+    key_row,
+    member_row,
+    result_for_error,
+    stable_seed,
+    summarize,
+)
+
+#: Rows of a stored series' model answer dates up to this many horizons ahead.
+HORIZONS_ANSWERED = 10
+#: A series whose values are zero this often is intermittent (reported, still trained).
+INTERMITTENT_ZEROS = 0.5
+
+
+def forecast_spec(config: JobConfig) -> dict[str, Any]:
+    """What every series is trained with, as plain values (travels in the Plan)."""
+    forecast, validation = config.forecast, config.validation
+    return {
+        "horizon": forecast.horizon, "frequency": forecast.frequency,
+        "season_length": forecast.seasonality, "lags": forecast.lag_list,
+        "rolling": {stat: list(w) for stat, w in forecast.rolling.items()},
+        "rolling_lag": forecast.rolling_lag, "date_features": list(forecast.date_features),
+        "exogenous": list(forecast.exogenous), "transform": forecast.transform,
+        "gaps": forecast.gaps, "windows": validation.windows,
+        "step": validation.step or forecast.horizon,
+    }
+
+
+def baselines(spec: dict[str, Any]) -> list[CandidateConfig]:
+    """The naive baseline every series is compared with: the seasonal naive forecast
+    (the plain naive one when the season is a single period)."""
+    season = spec["season_length"]
+    if season > 1:
+        return [CandidateConfig(name="baseline", kind="statsforecast",
+                                estimator="SeasonalNaive", params={"season_length": season})]
+    return [NAIVE]
+
+
+NAIVE = CandidateConfig(name="baseline", kind="statsforecast", estimator="Naive")
+
+
+@dataclass
+class Series:
+    """One series on its frequency's grid: ``frame`` has ``ds``, ``y`` and the exogenous
+    columns, in time order; ``notes``: data conditions users should know of."""
+
+    frame: pd.DataFrame
+    notes: list[str]
+
+    @property
+    def y(self) -> np.ndarray:
+        return self.frame[TARGET].to_numpy(dtype="float64")
+
+
+def clean_series(data: pd.DataFrame, plan: Plan) -> Series:
+    """The segment's rows as a series on the grid of its frequency; Skip for what
+    cannot be forecast (duplicate dates, dates off the frequency, gaps with ``gaps:
+    skip``, too short, constant)."""
+    spec = plan.forecast
+    exogenous = spec["exogenous"]
+    frame = pd.DataFrame({TIME: times_of(data[plan.time_column], spec),
+                          TARGET: pd.to_numeric(data[plan.target], errors="coerce")})
+    for column in exogenous:
+        frame[column] = pd.to_numeric(data[column], errors="coerce").to_numpy()
+    frame = frame[frame[TIME].notna()].sort_values(TIME, kind="stable")
+    if frame.empty:
+        raise Skip("no dates: the time column is null in every row")
+    duplicated = frame[TIME].duplicated()
+    if duplicated.any():
+        raise Skip(f"duplicate dates: {int(duplicated.sum())} date(s) appear more than once "
+                   f"(first {frame[TIME][duplicated].iloc[0]}); aggregate to one row per date")
+    first, last = frame[TIME].iloc[0], frame[TIME].iloc[-1]
+    grid = grid_between(first, last, spec)
+    if grid is None or grid.get_indexer(frame[TIME]).min() < 0:
+        raise Skip(f"dates do not follow frequency {spec['frequency']!r}: they are not every "
+                   f"period from {first} (set forecast.frequency to the data's)")
+    frame = frame.set_index(TIME).reindex(grid).rename_axis(TIME).reset_index()
+    gaps = int(frame[TARGET].isna().sum())
+    notes = []
+    if gaps:
+        if spec["gaps"] == "skip":
+            raise Skip(f"gaps: {gaps} of {len(frame)} periods have no value (set "
+                       "forecast.gaps: zero or forward to fill them)")
+        filled = frame[TARGET].fillna(0.0) if spec["gaps"] == "zero" else frame[TARGET].ffill()
+        frame[TARGET] = filled
+        notes.append(f"{gaps} gap(s) filled ({spec['gaps']})")
+    if exogenous:
+        frame[exogenous] = frame[exogenous].ffill().bfill()
+        if frame[exogenous].isna().any(axis=None):
+            raise Skip(f"exogenous column(s) {exogenous} have no value in this series")
+    y = frame[TARGET].to_numpy(dtype="float64")
+    needed = minimum_length(spec, plan.min_rows)
+    if len(y) < needed:
+        raise Skip(f"short series: {len(y)} periods; a backtest of {spec['windows']} "
+                   f"window(s) of {spec['horizon']} needs at least {needed}")
+    if y.min() == y.max():
+        raise Skip(f"constant series: every value is {y[0]!r} (served by its naive forecast)")
+    if spec["transform"] == "log1p" and y.min() < 0:
+        raise Skip("negative values with forecast.transform=log1p")
+    zeros = float(np.mean(y == 0))
+    if zeros >= INTERMITTENT_ZEROS:
+        notes.append(f"intermittent: {zeros:.0%} of periods are zero")
+    return Series(frame, notes)
+
+
+def grid_between(first: Any, last: Any, spec: dict[str, Any]) -> pd.Index | None:
+    """Every period from ``first`` to ``last``; None when ``first`` is not on the grid."""
+    frequency = spec["frequency"]
+    if isinstance(frequency, int):
+        return pd.Index(np.arange(first, last + 1, frequency))
+    grid = pd.date_range(first, last, freq=frequency)
+    return grid if len(grid) and grid[0] == first else None
+
+
+def minimum_length(spec: dict[str, Any], min_rows: int) -> int:
+    """The shortest series the backtest can run on: the first window's training part
+    (``min_rows``, and enough for the lags) plus every window's origin."""
+    train = max(min_rows, memory(spec) + 10)
+    return train + spec["horizon"] + spec["step"] * (spec["windows"] - 1)
+
+
+def windows(n: int, spec: dict[str, Any]) -> list[int]:
+    """The backtest's origins: each window trains on the periods before it and forecasts
+    the next ``horizon``; the last window ends with the series."""
+    last = n - spec["horizon"]
+    return [last - spec["step"] * i for i in reversed(range(spec["windows"]))]
+
+
+def scale(y: np.ndarray, season: int) -> float:
+    """MASE's denominator: the in-sample mean absolute error of the seasonal naive
+    forecast (of the naive one when the series is shorter than two seasons); 1 when
+    that is zero."""
+    season = season if len(y) > season else 1
+    errors = np.abs(y[season:] - y[:-season])
+    value = float(errors.mean()) if len(errors) else 0.0
+    return value if value > 0 else 1.0
+
+
+def backtest(kind: kinds.ForecastKind, params: dict[str, Any], series: Series,
+             origins: list[int], seed: int, plan: Plan) -> np.ndarray:
+    """The forecasts of every backtest window, concatenated."""
+    spec, horizon = plan.forecast, plan.forecast["horizon"]
+    parts = []
+    for origin in origins:
+        model = kind.fit_series(params, series.frame.iloc[:origin], seed, plan.threads, spec)
+        future = series.frame.iloc[origin:origin + horizon].drop(columns=TARGET)
+        parts.append(kind.forecast(model, future.reset_index(drop=True), spec))
+    return np.concatenate(parts)
+
+
+def evaluate(series: Series, candidate: CandidateConfig, plan: Plan, key: tuple,
+             origins: list[int], actual: np.ndarray, divisor: float) -> Evaluation:
+    """Every setting of a candidate, backtested; the best by the metric (predictions
+    divided by ``divisor``, as ``actual`` is)."""
+    metric = metrics.metric(plan.metric)
+    kind = kinds.forecaster(candidate)
+    best, errors = Evaluation(candidate), []
+    seed = stable_seed(plan.seed, key, candidate.name, "fit")
+    for params in trial_settings(candidate, stable_seed(plan.seed, key, candidate.name)):
+        try:
+            predictions = backtest(kind, params, series, origins, seed, plan) / divisor
+            if not np.isfinite(predictions).all():
+                raise ValueError("the forecast has missing or infinite values")
+            value = metric.score(actual, predictions)
+        except Exception as exc:  # noqa: BLE001 - one bad setting must not stop the series
+            errors.append(f"{type(exc).__name__}: {exc}")
+            continue
+        if best.params is None or metric.loss(value) < metric.loss(best.value):
+            best = Evaluation(candidate, params, value, predictions)
+    if best.params is None:
+        best.error = "; ".join(dict.fromkeys(errors)) or "no setting could be fitted"
+    return best
+
+
+def member_meta(series: Series, plan: Plan) -> dict[str, Any]:
+    """What a stored member of this series needs to answer future dates."""
+    last = series.frame[TIME].iloc[-1]
+    spec = plan.forecast
+    return {
+        "features": [plan.time_column, *spec["exogenous"]], "categorical": {},
+        "task": plan.task, "forecast": {
+            "frequency": spec["frequency"], "exogenous": spec["exogenous"],
+            "last": last.isoformat() if isinstance(last, pd.Timestamp) else int(last),
+            "limit": spec["horizon"] * HORIZONS_ANSWERED,
+        },
+    }
+
+
+def fitted_member(candidate: CandidateConfig, weight: float, params: dict[str, Any],
+                  series: Series, plan: Plan, key: tuple) -> dict[str, Any]:
+    """A chosen candidate refitted on the whole series, serialized."""
+    kind = kinds.forecaster(candidate)
+    seed = stable_seed(plan.seed, key, candidate.name, "fit")
+    model = kind.fit_series(params, series.frame, seed, plan.threads, plan.forecast)
+    row = member_row(candidate, weight, params, kind.serialize(model),
+                     member_meta(series, plan))
+    return row | {"kind": kind.name}
+
+
+def train_series(data: pd.DataFrame, key: tuple, plan: Plan
+                 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Train one series (its rows as a frame). Never raises: the result row says
+    trained, skipped (served by its naive forecast where it has values) or failed."""
+    start = time.perf_counter()
+    try:
+        series = clean_series(data, plan)
+        spec = plan.forecast
+        y = series.y
+        origins = windows(len(y), spec)
+        actual = np.concatenate([y[o:o + spec["horizon"]] for o in origins])
+        divisor = (scale(y[:origins[0]], spec["season_length"])
+                   if metrics.metric(plan.metric).scaled else 1.0)
+        actual = actual / divisor
+        evaluations = [evaluate(series, c, plan, key, origins, actual, divisor)
+                       for c in plan.candidates]
+        naive = evaluate(series, baselines(spec)[0], plan, key, origins, actual, divisor)
+        if naive.error:
+            raise RuntimeError(f"the naive baseline failed: {naive.error}")
+        if plan.pool:  # selection all: the baseline competes
+            evaluations.append(naive)
+        row = key_row(plan, key, len(data))
+        chosen = summarize(row, evaluations, actual, naive.predictions, plan)
+        members = [fitted_member(e.candidate, w, e.params, series, plan, key)
+                   for e, w in chosen]
+        row["status"] = TRAINED
+        if series.notes:
+            row["reason"] = "; ".join(series.notes)
+    except Exception as exc:  # noqa: BLE001 - a bad series never stops the job
+        row, members = result_for_error(exc, plan, key, len(data)), []
+        if isinstance(exc, Skip):
+            members = naive_member(data, plan, key)
+    row["fit_seconds"] = time.perf_counter() - start
+    return row, members
+
+
+def naive_member(data: pd.DataFrame, plan: Plan, key: tuple) -> list[dict[str, Any]]:
+    """A skipped series' naive forecast (its last value, after its last date), so the
+    registered model still serves it; none when it has no dated value."""
+    spec = plan.forecast
+    frame = pd.DataFrame({TIME: times_of(data[plan.time_column], spec),
+                          TARGET: pd.to_numeric(data[plan.target], errors="coerce")})
+    frame = frame.dropna().sort_values(TIME, kind="stable")
+    frame = frame[~frame[TIME].duplicated(keep="last")]
+    if frame.empty:
+        return []
+    for column in spec["exogenous"]:
+        frame[column] = 0.0  # the naive forecast reads no exogenous value
+    try:
+        return [fitted_member(NAIVE, 1.0, {}, Series(frame.reset_index(drop=True), []),
+                              plan, key)]
+    except Exception:  # noqa: BLE001 - nothing to serve: the reason stands
+        return []
+
+
+def forecast_manifest(plan: Plan, schema: pa.Schema) -> dict[str, Any] | None:
+    """What the registered model records of its forecasts (None for other tasks): the
+    time column and its type, the frequency, the horizon, the exogenous columns."""
+    if not plan.forecast:
+        return None
+    kind = schema.field(plan.time_column).type
+    spec = plan.forecast
+    return {"time_column": plan.time_column,
+            "time_type": "date" if pa.types.is_date(kind) else "timestamp"
+            if pa.types.is_timestamp(kind) else "integer",
+            "frequency": spec["frequency"], "horizon": spec["horizon"],
+            "season_length": spec["season_length"], "exogenous": spec["exogenous"],
+            "answers": spec["horizon"] * HORIZONS_ANSWERED}
+
+
+def future_example(rows: pd.DataFrame, plan: Plan, periods: int = 5) -> pd.DataFrame:
+    """Rows a forecast takes, for the model's input example: the ``periods`` after the
+    series' last date (exogenous values: the last known)."""
+    spec = plan.forecast
+    times = times_of(rows[plan.time_column], spec)
+    last = rows.iloc[[int(np.argmax(times))]]
+    example = pd.concat([last] * periods, ignore_index=True)[plan.segment_by + plan.features]
+    example[plan.time_column] = future_times(spec, times.max(), periods)
+    return example
+
+
+__all__ = ["baselines", "forecast_spec", "future_example", "train_series"]

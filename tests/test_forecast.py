@@ -1,0 +1,327 @@
+"""Task forecast: the config, backtests, per-series selection against the seasonal naive
+baseline, data conditions, the registered model answering future dates (plain MLflow,
+no raybricks), and ``raybricks forecast``."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import mlflow
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pytest
+
+from raybricks import metrics, tracking
+from raybricks.cli import main
+from raybricks.config import JobConfig
+from raybricks.data import to_ray_dataset
+from raybricks.errors import ConfigError, RaybricksError
+from raybricks.results import FAILED, SKIPPED, TRAINED
+from raybricks.scoring import forecast
+from raybricks.segmented_model import SegmentModel
+from raybricks.training import train_segments
+from raybricks.training.forecast import scale, train_series, windows
+from raybricks.training.segment import make_plan
+from tests.test_registry import BLOCK_RAYBRICKS
+
+HORIZON = 7
+MODELS = [
+    {"name": "lgbm", "kind": "lightgbm",
+     "params": {"n_estimators": 30, "num_leaves": 7, "min_child_samples": 5}},
+    {"name": "theta", "kind": "statsforecast", "estimator": "AutoTheta",
+     "params": {"season_length": 7}},
+]
+START = pd.Timestamp("2024-01-01")
+
+
+def forecast_job(tmp_path, **changes) -> JobConfig:
+    base = {
+        "source": {"table": "unused"}, "segment_by": ["store"], "target": "sales",
+        "time_column": "day", "task": "forecast", "models": MODELS, "min_rows": 20,
+        "forecast": {"horizon": HORIZON, "frequency": "D", "rolling": {"mean": [7]},
+                     "date_features": ["dayofweek"]},
+        "training": {"output_dir": str(tmp_path), "progress": False},
+    }
+    return JobConfig.from_dict(base | changes)
+
+
+def series(store: str, values: np.ndarray, start: pd.Timestamp = START, **columns
+           ) -> pd.DataFrame:
+    days = pd.date_range(start, periods=len(values), freq="D")
+    return pd.DataFrame({"store": store, "day": days, "sales": values, **columns})
+
+
+def stores(seed: int = 0) -> pd.DataFrame:
+    """``season*``: a weekly pattern on a trend (models beat the seasonal naive
+    forecast); ``noise*``: noise around a level (the seasonal naive forecast repeats
+    noise); one series ending three weeks before the others."""
+    rng = np.random.default_rng(seed)
+    frames = []
+    t = np.arange(120)
+    for s in range(6):
+        weekly = 5 * np.sin(2 * np.pi * t / 7 + s)
+        frames.append(series(f"season{s}", 50 + 0.3 * t + weekly + rng.normal(size=120)))
+        frames.append(series(f"noise{s}", 30 + rng.normal(scale=3, size=120)))
+    frames.append(series("early", 40 + 5 * np.sin(2 * np.pi * t[:100] / 7)
+                         + rng.normal(size=100)))
+    return pd.concat(frames, ignore_index=True)
+
+
+def plan_for(frame: pd.DataFrame, tmp_path, **changes):
+    config = forecast_job(tmp_path, **changes)
+    return make_plan(config, pa.Schema.from_pandas(frame, preserve_index=False))
+
+
+# --------------------------------------------------------------------------- config
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"forecast": None}, "needs a forecast section"),
+    ({"time_column": None}, "needs time_column"),
+    ({"validation": {"method": "holdout"}}, "validates by backtest only"),
+    ({"features": ["x"]}, "forecast.exogenous"),
+    ({"fallback": "global"}, "fallback: global is not available"),
+    ({"forecast": {"horizon": 7, "frequency": "fortnightly"}}, "not a pandas frequency"),
+    ({"forecast": {"horizon": 7, "frequency": 1, "date_features": ["month"]}},
+     "need a date time column"),
+    ({"forecast": {"horizon": 7, "frequency": "D", "date_features": ["weekday_name"]}},
+     "unknown"),
+    ({"forecast": {"horizon": 7, "frequency": "D", "exogenous": ["sales"]}},
+     "the target, the time column"),
+    ({"models": [{"name": "ets", "kind": "statsforecast"}]}, "needs estimator"),
+    ({"models": [{"name": "g", "kind": "global"}]}, "cannot forecast"),
+    ({"validation": {"metric": "logloss"}}, "does not fit task='forecast'"),
+])
+def test_inconsistent_forecast_configs_are_clear_errors(tmp_path, changes, message):
+    with pytest.raises(ConfigError, match=message):
+        forecast_job(tmp_path, **changes)
+
+
+def test_backtest_belongs_to_task_forecast(tmp_path):
+    with pytest.raises(ConfigError, match="validation.method=backtest is the validation"):
+        JobConfig.from_dict({"source": {"table": "t"}, "segment_by": ["s"], "target": "y",
+                             "models": MODELS[:1], "validation": {"method": "backtest"}})
+
+
+def test_defaults_backtest_mase_and_lags_from_the_season(tmp_path):
+    config = forecast_job(tmp_path)
+    assert config.validation.method == "backtest" and config.metric == "mase"
+    assert config.forecast.seasonality == 7
+    assert config.forecast.lag_list == [1, 2, 3, 4, 5, 6, 7]
+
+
+def test_time_column_type_must_match_the_frequency(tmp_path):
+    frame = series("a", np.arange(40.0)).assign(day=np.arange(40))
+    with pytest.raises(Exception, match="integer periods an integer step"):
+        plan_for(frame, tmp_path)
+
+
+def test_forecasting_metrics():
+    y, pred = np.array([1.0, 2.0, 3.0, 4.0]), np.array([2.0, 2.0, 2.0, 6.0])
+    assert metrics.metric("wape").score(y, pred) == pytest.approx(4 / 10)
+    assert metrics.metric("bias").score(y, pred) == pytest.approx(0.5)
+    bias = metrics.metric("bias")
+    assert bias.better(-0.1, 0.5) and not bias.better(-0.6, 0.5)  # closest to zero wins
+    assert metrics.metric("mase").scaled
+    # in-sample seasonal naive error: |y_t - y_{t-2}| = 2 for every t
+    assert scale(np.array([1.0, 5.0, 3.0, 7.0, 5.0]), 2) == pytest.approx(2.0)
+
+
+# --------------------------------------------------------------------------- one series
+
+
+def test_backtest_windows_end_with_the_series_and_the_baseline_matches_numpy(tmp_path):
+    rng = np.random.default_rng(1)
+    y = 50 + 5 * np.sin(2 * np.pi * np.arange(90) / 7) + rng.normal(size=90)
+    frame = series("a", y)
+    plan = plan_for(frame, tmp_path, validation={"windows": 3, "step": 5})
+    origins = windows(90, plan.forecast)
+    assert origins == [73, 78, 83] and origins[-1] + HORIZON == 90
+    row, members = train_series(frame, ("a",), plan)
+    assert row["status"] == TRAINED
+    # the seasonal naive forecast of each window, computed here independently
+    predictions = np.concatenate(
+        [[y[o - 7 + k % 7] for k in range(HORIZON)] for o in origins])
+    actual = np.concatenate([y[o:o + HORIZON] for o in origins])
+    denominator = np.mean(np.abs(y[7:73] - y[:66]))
+    expected = np.mean(np.abs(actual - predictions)) / denominator
+    assert row["baseline_mase"] == pytest.approx(expected, rel=1e-9)
+    assert row["metric_mase"] <= row["baseline_mase"]
+
+
+CONDITIONS = {
+    "duplicate": (series("duplicate", np.arange(60.0)).pipe(
+        lambda f: pd.concat([f, f.iloc[[10]]])), SKIPPED, "duplicate dates"),
+    "offgrid": (series("offgrid", np.arange(60.0)).assign(
+        day=lambda f: f.day + pd.Timedelta(hours=12) * (f.index == 5)),
+        SKIPPED, "do not follow frequency"),
+    "gaps": (series("gaps", np.arange(60.0)).drop(index=[20, 21]), SKIPPED, "gaps: 2"),
+    "short": (series("short", np.arange(25.0)), SKIPPED, "short series"),
+    "constant": (series("constant", np.full(60, 4.0)), SKIPPED, "constant series"),
+    "nulls": (series("nulls", np.full(60, np.nan)), SKIPPED, "no value"),
+    "intermittent": (series("intermittent", np.where(np.arange(60) % 5 == 0, 3.0, 0.0)),
+                     TRAINED, "intermittent"),
+}
+
+
+@pytest.mark.parametrize("name", list(CONDITIONS))
+def test_data_conditions_end_skipped_or_trained_never_failed(tmp_path, name):
+    frame, status, reason = CONDITIONS[name]
+    plan = plan_for(frame, tmp_path, validation={"windows": 2})
+    row, members = train_series(frame.reset_index(drop=True), (name,), plan)
+    assert row["status"] == status and row["status"] != FAILED
+    assert reason in (row["reason"] or "")
+    if status == SKIPPED and frame.sales.notna().any():
+        # served by its naive forecast: the last value, after its last date
+        last = frame.dropna().sort_values("day").iloc[-1]
+        future = pd.DataFrame({"store": name,
+                               "day": [last.day.floor("D") + pd.Timedelta(days=1)]})
+        if name == "offgrid":  # its last date is on the grid
+            future["day"] = [last.day + pd.Timedelta(days=1)]
+        assert SegmentModel.from_rows(members).predict(future)[0] == pytest.approx(
+            last.sales)
+
+
+def test_gaps_filled_on_request(tmp_path):
+    frame = series("gaps", np.arange(60.0) % 7 + 10).drop(index=[20, 21])
+    for gaps in ("zero", "forward"):
+        plan = plan_for(frame, tmp_path, forecast={"horizon": HORIZON, "frequency": "D",
+                                                   "gaps": gaps})
+        row, _ = train_series(frame, ("gaps",), plan)
+        assert row["status"] == TRAINED and f"2 gap(s) filled ({gaps})" in row["reason"]
+
+
+def test_integer_periods(tmp_path):
+    y = 10 + np.sin(np.arange(60)) + np.arange(60) * 0.1
+    frame = pd.DataFrame({"store": "a", "day": np.arange(100, 160), "sales": y})
+    plan = plan_for(frame, tmp_path, forecast={"horizon": 5, "frequency": 1})
+    row, members = train_series(frame, ("a",), plan)
+    assert row["status"] == TRAINED
+    model = SegmentModel.from_rows(members)
+    ahead = model.predict(pd.DataFrame({"store": "a", "day": [160, 164, 159, 300]}))
+    assert np.isfinite(ahead[:2]).all() and np.isnan(ahead[2:]).all()
+
+
+# --------------------------------------------------------------------------- end to end
+
+
+def predict_without_raybricks(model_uri: str, frame: pd.DataFrame, tmp_path) -> np.ndarray:
+    """The registered model's predictions in a fresh interpreter that cannot import
+    raybricks, with plain MLflow."""
+    frame.to_parquet(tmp_path / "input.parquet")
+    code = BLOCK_RAYBRICKS + f"""
+import mlflow, pandas as pd
+model = mlflow.pyfunc.load_model({model_uri!r})
+frame = pd.read_parquet({str(tmp_path / 'input.parquet')!r})
+model.predict(frame).to_frame().to_parquet({str(tmp_path / 'out.parquet')!r})
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return pd.read_parquet(tmp_path / "out.parquet")["prediction"].to_numpy()
+
+
+@pytest.fixture(scope="module")
+def published(ray_on_spark, spark, tmp_path_factory):
+    data = stores()
+    config = forecast_job(tmp_path_factory.mktemp("runs"),
+                          registry={"name": "tests.forecast.model"})
+    ds = to_ray_dataset(spark.createDataFrame(data), ["store"])
+    result = train_segments(ds, config)
+    return data, result, tracking.publish(result, config)
+
+
+def test_series_choose_per_segment_and_never_do_worse_than_the_baseline(published):
+    _, result, _ = published
+    segments = result.segments.set_index("store")
+    assert (segments.status == TRAINED).all(), segments.reason
+    assert (segments.metric_mase <= segments.baseline_mase + 1e-12).all()
+    season = segments.filter(like="season", axis=0)
+    noise = segments.filter(like="noise", axis=0)
+    # the seasonal naive forecast repeats last week's noise: models beat it on noise
+    assert (noise.chosen != '["baseline"]').all()
+    assert (noise.metric_mase < noise.baseline_mase).all()
+    assert season.metric_mase.median() < season.baseline_mase.median()
+    assert json.loads(segments.loc["season0", "chosen"])[0] in (
+        "local:lgbm", "local:theta", "baseline")
+
+
+def test_registered_model_forecasts_future_dates_without_raybricks(published, tmp_path):
+    data, result, _ = published
+    last = data.groupby("store").day.max()
+    rows = []
+    for store in ["season0", "noise3", "early"]:
+        for step in (3, 1, 7, 0, 71):  # 0: inside the history; 71: past ten horizons
+            rows.append({"store": store, "day": last[store] + pd.Timedelta(days=step)})
+    frame = pd.DataFrame(rows)
+    predicted = predict_without_raybricks("models:/tests.forecast.model@champion", frame,
+                                          tmp_path)
+    models = result.models().to_pandas()
+    for store in ["season0", "noise3", "early"]:
+        mask = (frame.store == store).to_numpy()
+        members = models[models.store == store].to_dict("records")
+        expected = SegmentModel.from_rows(members).predict(frame[mask])
+        np.testing.assert_allclose(predicted[mask], expected, rtol=1e-9)
+        assert np.isfinite(predicted[mask][:3]).all() and np.isnan(predicted[mask][3:]).all()
+    # the series that ended early forecasts from its own last date
+    assert last["early"] < last["season0"]
+
+
+def test_forecast_command_writes_every_segment_horizon(published, spark, tmp_path):
+    data, _, _ = published
+    output = str(tmp_path / "forecasts")
+    assert main(["forecast", "--model", "models:/tests.forecast.model@champion",
+                 "--output", output]) == 0
+    written = pd.read_parquet(output).sort_values(["store", "day"])
+    written["day"] = written.day.dt.tz_convert("UTC").dt.tz_localize(None)  # Spark: UTC
+    assert written.groupby("store").size().eq(HORIZON).all()
+    assert set(written.store) == set(data.store)
+    assert written.prediction.notna().all()
+    first = written.groupby("store").day.min()
+    last = data.groupby("store").day.max()
+    assert (first == last + pd.Timedelta(days=1)).all()
+    model = mlflow.pyfunc.load_model("models:/tests.forecast.model@champion")
+    again = model.predict(written[["store", "day"]])
+    np.testing.assert_allclose(written.prediction.to_numpy(), again.to_numpy(), rtol=1e-9)
+    pd.DataFrame({"store": ["noise1"]}).to_parquet(tmp_path / "wanted.parquet")
+    summary = forecast("models:/tests.forecast.model@champion", str(tmp_path / "some"),
+                       horizon=3, segments=str(tmp_path / "wanted.parquet"), spark=spark)
+    some = pd.read_parquet(tmp_path / "some")
+    assert summary.rows == 3 and set(some.store) == {"noise1"}
+    with pytest.raises(RaybricksError, match="outside 1..70"):
+        forecast("models:/tests.forecast.model@champion", str(tmp_path / "x"), horizon=71,
+                 spark=spark)
+
+
+def test_exogenous_columns_drive_the_forecast(ray_on_spark, spark, tmp_path):
+    rng = np.random.default_rng(3)
+    frames = []
+    for s in range(3):
+        promo = (rng.random(100) < 0.3).astype(float)
+        frames.append(series(f"p{s}", 20 + 10 * promo + rng.normal(scale=0.5, size=100),
+                             promo=promo))
+    data = pd.concat(frames, ignore_index=True)
+    config = forecast_job(tmp_path, models=MODELS[:1],
+                          forecast={"horizon": HORIZON, "frequency": "D",
+                                    "exogenous": ["promo"]},
+                          registry={"name": "tests.forecast.promo"})
+    result = train_segments(to_ray_dataset(spark.createDataFrame(data), ["store"]), config)
+    assert (result.segments.status == TRAINED).all()
+    tracking.publish(result, config)
+    last = data.day.max()
+    future = pd.DataFrame({"store": "p0", "day": pd.date_range(
+        last + pd.Timedelta(days=1), periods=HORIZON), "promo": [1.0, 0.0] * 3 + [1.0]})
+    kinds = set(result.models().column("kind").to_pylist())
+    assert "lags:lightgbm" in kinds
+    predicted = predict_without_raybricks("models:/tests.forecast.promo@champion", future,
+                                          tmp_path)
+    assert predicted[future.promo == 1].min() > predicted[future.promo == 0].max() + 5
+    model = mlflow.pyfunc.load_model("models:/tests.forecast.promo@champion")
+    np.testing.assert_allclose(model.predict(future).to_numpy(), predicted, rtol=1e-9)
+    with pytest.raises(Exception, match="exogenous values"):  # a period left out
+        model.predict(future.iloc[[0, 2]])
+    with pytest.raises(RaybricksError, match="needs their future values"):
+        forecast("models:/tests.forecast.promo@champion", str(tmp_path / "x"), spark=spark)
