@@ -279,7 +279,7 @@ def test_wheel_tasks_call_entry_points_of_the_built_wheel(bundle, built_wheel):
     name, scripts = wheel_entry_points(built_wheel)
     assert ENTRY_POINT in scripts and name == PACKAGE_NAME  # what `raybricks submit` runs
     wheel_tasks = [t["python_wheel_task"] for _, t in tasks_of(bundle) if "python_wheel_task" in t]
-    assert len(wheel_tasks) == 2
+    assert len(wheel_tasks) == 4
     for task in wheel_tasks:
         assert task["package_name"] == name
         assert task["entry_point"] in scripts
@@ -296,6 +296,7 @@ def test_wheel_leaves_spark_to_the_runtime_and_carries_the_demo_job(built_wheel)
     spark = [r for r in requires if r.startswith("pyspark")]
     assert spark and all("extra ==" in r for r in spark)  # never installed unasked
     assert "raybricks/route_delay.yml" in names  # `raybricks demo` from the wheel
+    assert "raybricks/route_flights_forecast.yml" in names  # and `demo --forecast`
 
 
 def test_wheel_libraries_point_at_the_built_wheel(bundle_files, built_wheel):
@@ -306,11 +307,13 @@ def test_wheel_libraries_point_at_the_built_wheel(bundle_files, built_wheel):
     for source, document in bundle_files.items():
         for _, task in tasks_of(document):
             for library in task.get("libraries", []):
+                if "whl" not in library:
+                    continue
                 pattern = (source.parent / library["whl"]).resolve()
                 assert pattern.parent == dist, library
                 assert fnmatch.fnmatch(built_wheel.name, pattern.name), library
                 count += 1
-    assert count == 2
+    assert count == 4
 
 
 # --------------------------------------------------------------------------- what the jobs run
@@ -326,8 +329,8 @@ def resolve(text: str, bundle: dict) -> str:
 
 def test_job_parameters_parse_with_the_cli_and_the_training_config_validates(bundle):
     commands = {}
-    for _, task in tasks_of(bundle):
-        if "python_wheel_task" in task:
+    for job, task in tasks_of(bundle):
+        if "python_wheel_task" in task and job != "forecasting":
             params = [resolve(p, bundle) for p in task["python_wheel_task"]["parameters"]]
             args = build_parser().parse_args(params)
             commands[args.verb] = args
@@ -341,8 +344,30 @@ def test_job_parameters_parse_with_the_cli_and_the_training_config_validates(bun
     assert score.input and score.output
 
 
-def test_training_cluster_runs_ray_on_spark_like_submit(bundle):
-    training = bundle["resources"]["jobs"]["training"]
+def test_forecasting_job_trains_a_forecast_config_then_forecasts_with_its_champion(bundle):
+    import tomllib
+
+    tasks = {t["task_key"]: t for t in bundle["resources"]["jobs"]["forecasting"]["tasks"]}
+    train, forecast = (build_parser().parse_args(
+        [resolve(p, bundle) for p in tasks[key]["python_wheel_task"]["parameters"]])
+        for key in ("train", "forecast"))
+    config = JobConfig.load(train.config, train.set)
+    assert config.task == "forecast"
+    assert config.registry.name.endswith(
+        "." + bundle["variables"]["forecast_model_name"]["default"])
+    assert forecast.verb == "forecast" and forecast.output
+    assert forecast.model == f"models:/{config.registry.name}@champion"
+    assert tasks["forecast"]["depends_on"] == [{"task_key": "train"}]
+    # both tasks install the forecast extra's requirements, exactly
+    extra = tomllib.loads((REPO / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"]["forecast"]
+    for task in tasks.values():
+        assert [lib["pypi"]["package"] for lib in task["libraries"] if "pypi" in lib] == extra
+
+
+@pytest.mark.parametrize("job", ["training", "forecasting"])
+def test_training_cluster_runs_ray_on_spark_like_submit(bundle, job):
+    training = bundle["resources"]["jobs"][job]
     (cluster,) = [c["new_cluster"] for c in training["job_clusters"]]
     version = resolve(cluster["spark_version"], bundle)
     major, minor = (int(x) for x in re.match(r"(\d+)\.(\d+)\.x-", version).groups())
@@ -364,4 +389,4 @@ def test_every_job_config_loads_and_the_task_types_are_covered():
     for path in sorted((REPO / "jobs").glob("*.yml")):
         config = JobConfig.load(path)
         tasks.setdefault(config.task, []).append(path.name)
-    assert set(tasks) == {"regression", "binary", "multiclass"}, tasks
+    assert set(tasks) == {"regression", "binary", "multiclass", "forecast"}, tasks

@@ -185,6 +185,17 @@ def test_data_conditions_end_skipped_or_trained_never_failed(tmp_path, name):
             last.sales)
 
 
+def test_dates_answer_as_timestamps_do(tmp_path):
+    frame = series("a", 10 + np.arange(60.0) % 7)
+    row, members = train_series(frame, ("a",), plan_for(frame, tmp_path))
+    model = SegmentModel.from_rows(members)
+    future = pd.DataFrame({"store": "a", "day": pd.date_range("2024-03-01", periods=5)})
+    stamps = model.predict(future)
+    assert np.isfinite(stamps).all()  # 2024-02-29 is the last day: these are the next five
+    np.testing.assert_array_equal(model.predict(future.assign(day=future.day.dt.date)),
+                                  stamps)
+
+
 def test_gaps_filled_on_request(tmp_path):
     frame = series("gaps", np.arange(60.0) % 7 + 10).drop(index=[20, 21])
     for gaps in ("zero", "forward"):
@@ -266,8 +277,10 @@ def test_registered_model_forecasts_future_dates_without_raybricks(published, tm
         expected = SegmentModel.from_rows(members).predict(frame[mask])
         np.testing.assert_allclose(predicted[mask], expected, rtol=1e-9)
         assert np.isfinite(predicted[mask][:3]).all() and np.isnan(predicted[mask][3:]).all()
-    # the series that ended early forecasts from its own last date
+    # the series that ended early forecasts from its own last date, and says so
     assert last["early"] < last["season0"]
+    reason = result.segments.set_index("store").loc["early", "reason"]
+    assert "ended early: last value 20 period(s) before" in reason
 
 
 def test_forecast_command_writes_every_segment_horizon(published, spark, tmp_path):

@@ -64,13 +64,15 @@ def run_forecast(args: argparse.Namespace) -> int:
 
 def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a key of jobs/route_delay.yml")
+                        help="override a key of the demo's job config")
+    parser.add_argument("--forecast", action="store_true",
+                        help="the forecasting demo (jobs/route_flights_forecast.yml)")
 
 
 def run_demo(args: argparse.Namespace) -> int:
-    from raybricks.flights_demo import run
+    from raybricks.flights_demo import run, run_forecast
 
-    return run(overrides=args.set)
+    return (run_forecast if args.forecast else run)(overrides=args.set)
 
 
 def add_submit_arguments(parser: argparse.ArgumentParser) -> None:

@@ -345,7 +345,7 @@ class JobConfig(StrictModel):
             raise ValueError("validation.method=backtest is the validation of task forecast, "
                              "and task forecast validates by backtest only")
         if self.task == "forecast":
-            self._check_forecast()
+            check_forecast(self)
         elif self.forecast is not None:
             raise ValueError("a forecast section needs task: forecast")
         if self.features is not None:
@@ -370,30 +370,6 @@ class JobConfig(StrictModel):
             raise ValueError(f"candidate name(s) {reserved} are reserved for the naive baseline "
                              "and the global model: rename the candidate(s)")
         return self
-
-    def _check_forecast(self) -> None:
-        from raybricks import kinds
-
-        if self.forecast is None:
-            raise ValueError("task forecast needs a forecast section: at least "
-                             "forecast.horizon and forecast.frequency")
-        if not self.time_column:
-            raise ValueError("task forecast needs time_column: the date of each row")
-        if self.features is not None:
-            raise ValueError("task forecast builds its own features: list columns known in "
-                             "the future under forecast.exogenous instead of features")
-        if self.fallback == "global":
-            raise ValueError("fallback: global is not available for task forecast: series "
-                             "without a model are served by their naive forecast")
-        taken = {self.target, self.time_column, *self.segment_by} & set(self.forecast.exogenous)
-        if taken:
-            raise ValueError(f"forecast.exogenous lists {sorted(taken)}, which are the target, "
-                             "the time column or segment columns")
-        for model in self.models:
-            kinds.forecaster_kind(model.kind)  # ValueError: this kind cannot forecast
-        if self.refit is False:
-            raise ValueError("task forecast refits every member on the whole series: "
-                             "refit: false is not available")
 
     @property
     def metric(self) -> str:
@@ -424,6 +400,32 @@ class JobConfig(StrictModel):
             return cls.model_validate(data)
         except ValidationError as exc:
             raise ConfigError(format_validation_error(exc, data)) from None
+
+
+def check_forecast(self: JobConfig) -> None:
+    """The forecast section against the rest of a task forecast job."""
+    from raybricks import kinds
+
+    if self.forecast is None:
+        raise ValueError("task forecast needs a forecast section: at least "
+                         "forecast.horizon and forecast.frequency")
+    if not self.time_column:
+        raise ValueError("task forecast needs time_column: the date of each row")
+    if self.features is not None:
+        raise ValueError("task forecast builds its own features: list columns known in "
+                         "the future under forecast.exogenous instead of features")
+    if self.fallback == "global":
+        raise ValueError("fallback: global is not available for task forecast: series "
+                         "without a model are served by their naive forecast")
+    taken = {self.target, self.time_column, *self.segment_by} & set(self.forecast.exogenous)
+    if taken:
+        raise ValueError(f"forecast.exogenous lists {sorted(taken)}, which are the target, "
+                         "the time column or segment columns")
+    for model in self.models:
+        kinds.forecaster_kind(model.kind)  # ValueError: this kind cannot forecast
+    if self.refit is False:
+        raise ValueError("task forecast refits every member on the whole series: "
+                         "refit: false is not available")
 
 
 def apply_overrides(data: dict, overrides: list[str]) -> dict:

@@ -5,6 +5,11 @@ at the origin, become the Spark table ``raybricks_demo.flights``; ``jobs/route_d
 trains an arrival-delay model per route on January to October through the same
 ``raybricks.train`` a Databricks job runs (Ray on Spark, MLflow on SQLite, registry
 aliases); ``raybricks.score`` then scores November and December from the registry.
+
+``raybricks demo --forecast``: the daily departures of every route become
+``raybricks_demo.route_daily``; ``jobs/route_flights_forecast.yml`` forecasts each
+route's next 28 days from the data before December 4, and ``raybricks.forecast`` writes
+the forecasts, which are compared with the held-out days.
 """
 
 from __future__ import annotations
@@ -31,12 +36,22 @@ TABLE = f"{DATABASE}.flights"
 HOLDOUT_TABLE = f"{DATABASE}.flights_holdout"
 SCORED_TABLE = f"{DATABASE}.route_delay_scored"
 # jobs/route_delay.yml: in a source checkout, or packed into the wheel beside this module
-CONFIG = next(
-    (p for p in (Path(__file__).with_name("route_delay.yml"),
-                 Path(__file__).resolve().parents[2] / "jobs" / "route_delay.yml")
-     if p.exists()),
-    Path("jobs/route_delay.yml"),
-)
+DAILY_TABLE = f"{DATABASE}.route_daily"
+FORECAST_TABLE = f"{DATABASE}.route_daily_forecast"
+
+
+def job_file(name: str) -> Path:
+    """A demo job config: in a source checkout, or packed into the wheel beside this
+    module."""
+    return next(
+        (p for p in (Path(__file__).with_name(name),
+                     Path(__file__).resolve().parents[2] / "jobs" / name) if p.exists()),
+        Path("jobs") / name,
+    )
+
+
+CONFIG = job_file("route_delay.yml")
+FORECAST_CONFIG = job_file("route_flights_forecast.yml")
 
 
 @dataclass
@@ -195,6 +210,118 @@ def run(config_path: Path = CONFIG, overrides: list[str] | None = None) -> int:
         holdout = holdout_report(spark.table(SCORED_TABLE),
                                  spark.table(TABLE).where(config.source.where or "true"))
         print(report(trained, holdout, stages, summary))
+    finally:
+        if owned:
+            spark.stop()
+    return 0 if trained.result.counts()["trained"] else 1
+
+
+# --------------------------------------------------------------------------- forecasting
+
+
+def daily_departures():
+    """Departures per route and day (a pandas frame: origin, dest, date, flights); a day
+    without departures has no row."""
+    import pandas as pd
+
+    flights = pd.read_csv(flights_data_dir() / "flights.csv.zip",
+                          usecols=["year", "month", "day", "origin", "dest"])
+    flights["date"] = pd.to_datetime(flights[["year", "month", "day"]]).dt.date
+    return (flights.groupby(["origin", "dest", "date"]).size().rename("flights")
+            .reset_index())
+
+
+def forecast_holdout(spark: SparkSession, cutoff: str) -> dict[str, float]:
+    """The forecasts of the held-out days against what flew (zero where no row), and the
+    seasonal naive forecast (the same weekday of the last week before the cutoff)."""
+    from pyspark.sql import functions as F
+
+    daily = spark.table(DAILY_TABLE)
+    forecasts = spark.table(FORECAST_TABLE).where(F.col("date") >= F.lit(cutoff).cast("date"))
+    last_week = (daily.where(F.col("date") < F.lit(cutoff).cast("date"))
+                 .where(F.col("date") >= F.date_sub(F.lit(cutoff).cast("date"), 7))
+                 .select("origin", "dest", F.dayofweek("date").alias("dow"),
+                         F.col("flights").alias("naive")))
+    rows = (forecasts.join(daily.select("origin", "dest", "date",
+                                        F.col("flights").alias("actual")),
+                           ["origin", "dest", "date"], "left")
+            .withColumn("dow", F.dayofweek("date"))
+            .join(last_week, ["origin", "dest", "dow"], "left")
+            .fillna(0, ["actual", "naive"])
+            .agg(F.avg(F.abs(F.col("prediction") - F.col("actual"))).alias("model"),
+                 F.avg(F.abs(F.col("naive") - F.col("actual"))).alias("naive"),
+                 F.countDistinct("origin", "dest").alias("routes"), F.count("*").alias("rows"))
+            .first())
+    return {"model_mae": rows["model"], "naive_mae": rows["naive"], "routes": rows["routes"],
+            "rows": rows["rows"]}
+
+
+def forecast_report(trained_report: TrainingReport, holdout: dict[str, float],
+                    stages: Stages, summary) -> str:
+    """What ``raybricks demo --forecast`` prints at the end."""
+    result = trained_report.result
+    counts = result.counts()
+    trained = result.segments[result.segments.status == "trained"]
+    m = result.metric
+    lines = ["", "=" * 72,
+             "raybricks demo --forecast: 28 days of departures per New York route (2013)",
+             "=" * 72,
+             f"routes: {counts['trained']} trained, {counts['skipped']} skipped, "
+             f"{counts['failed']} failed"]
+    if counts["skipped"]:
+        lines.append("  skipped: " + result.skip_reasons())
+    notes = trained["reason"].dropna().str.split(":").str[0].value_counts()
+    if len(notes):
+        lines.append("  noted: " + ", ".join(f"{k} ({v})" for k, v in notes.items()))
+    if len(trained):
+        model = trained[f"metric_{m}"].astype(float)
+        base = trained[f"baseline_{m}"].astype(float)
+        lines += [
+            f"backtest {m} per route: model median {model.median():.3f}, seasonal naive "
+            f"median {base.median():.3f} (model better on {metric(m).beats(model, base):.0%})",
+            "chosen: " + ", ".join(f"{k} {v}" for k, v in
+                                   trained["chosen"].map(json.loads).explode()
+                                   .value_counts().items()),
+        ]
+    lines += [
+        f"held-out Dec 4-31, {holdout['rows']:,} route-days of {holdout['routes']} routes: "
+        f"MAE {holdout['model_mae']:.3f} departures/day vs {holdout['naive_mae']:.3f} for "
+        "last week's same weekday",
+        f"forecast: {summary}",
+    ]
+    if trained_report.publication is not None:
+        lines += ["", trained_report.publication.describe()]
+    lines += ["", "wall time per stage (s): " + ", ".join(
+        f"{k} {v:.1f}" for k, v in stages.seconds.items()
+    ) + f"; total {sum(stages.seconds.values()):.1f}"]
+    return "\n".join(lines)
+
+
+def run_forecast(config_path: Path = FORECAST_CONFIG, overrides: list[str] | None = None
+                 ) -> int:
+    """The forecasting demo end to end; returns the exit code."""
+    from raybricks.pipeline import train
+    from raybricks.scoring import forecast
+    from raybricks.session import active_spark, local_spark_session
+
+    config = JobConfig.load(config_path, overrides)
+    cutoff = "2013-12-04"
+    stages = Stages()
+    flights_data_dir()
+    owned = active_spark() is None
+    spark = local_spark_session(app_name="raybricks-demo-forecast")
+    try:
+        stages.mark("spark")
+        daily = daily_departures()
+        save_table(spark.createDataFrame(daily), DAILY_TABLE)
+        print(f"wrote {DAILY_TABLE}: {len(daily):,} route-days")
+        stages.mark("table")
+        trained = train(config, spark)
+        stages.add(trained.timings)
+        summary = forecast(f"models:/{config.registry.name}@{config.registry.alias}",
+                           FORECAST_TABLE, spark=spark)
+        stages.mark("forecast")
+        print(forecast_report(trained, forecast_holdout(spark, cutoff), stages, summary))
     finally:
         if owned:
             spark.stop()

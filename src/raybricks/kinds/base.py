@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import importlib
 import inspect
+import datetime
 import pickle
 from collections.abc import Callable
 from typing import Any, ClassVar
@@ -64,6 +65,9 @@ def to_float(values: pd.Series) -> np.ndarray:
         seconds = (stamps - pd.Timestamp(0, tz="UTC")).dt.total_seconds()
         return seconds.to_numpy(dtype="float64", na_value=np.nan)
     if values.dtype == object:
+        present = values.dropna()
+        if len(present) and isinstance(present.iloc[0], datetime.date):  # Spark DATE
+            return to_float(pd.Series(pd.to_datetime(values), index=values.index))
         values = pd.to_numeric(values, errors="coerce")
     floats = pd.Series(values).astype("float64").to_numpy(na_value=np.nan, copy=True)
     floats[np.isinf(floats)] = np.nan  # infinite values count as missing

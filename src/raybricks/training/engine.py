@@ -330,6 +330,9 @@ def train_segments(
         )
     threads = max(int(max(c.resources.num_cpus for c in config.models)), 1)
     plan = seg.make_plan(config, segmented.schema, threads)
+    if plan.forecast:  # the last period of any series: series ending before it are noted
+        plan = seg.replace_plan(plan, forecast=plan.forecast | {
+            "end": series_end(segmented.block_refs(), plan.time_column)})
     global_plan = seg.global_plan(plan, config, segmented.schema)
     if config.fallback == "global" and config.selection == "all":
         members = _split_global_models(segmented.block_refs(), plan, global_plan,
@@ -378,6 +381,22 @@ def train_segments(
                             forecast=forecast_manifest(plan, segmented.schema))
     log.info("%s", result.summary())
     return result
+
+
+def block_end(block: pa.Table, column: str) -> Any:
+    """Ray task body: the latest value of a block's time column, as pandas reads it."""
+    import pyarrow.compute as pc
+
+    return pc.max(block.column(column)).as_py()
+
+
+def series_end(refs, time_column: str) -> Any:
+    """The latest period of the whole dataset (the end of the longest series)."""
+    import ray
+
+    ends = [e for e in ray.get([_remote(block_end).remote(ref, time_column) for ref in refs])
+            if e is not None]
+    return str(max(ends)) if ends and not isinstance(ends[0], int) else max(ends, default=None)
 
 
 def input_example(refs, bounds, segments: pd.DataFrame, plan: Plan) -> pd.DataFrame | None:

@@ -124,6 +124,13 @@ def clean_series(data: pd.DataFrame, plan: Plan) -> Series:
         raise Skip(f"constant series: every value is {y[0]!r} (served by its naive forecast)")
     if spec["transform"] == "log1p" and y.min() < 0:
         raise Skip("negative values with forecast.transform=log1p")
+    end = spec.get("end")
+    if end is not None:
+        end = times_of(pd.Series([end]), spec)[0]
+        behind = len(grid_between(last, end, spec) if last < end else []) - 1
+        if behind > 0:
+            notes.append(f"ended early: last value {behind} period(s) before the latest "
+                         "series' end (its forecasts start after its own last date)")
     zeros = float(np.mean(y == 0))
     if zeros >= INTERMITTENT_ZEROS:
         notes.append(f"intermittent: {zeros:.0%} of periods are zero")
