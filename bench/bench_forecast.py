@@ -33,7 +33,6 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
-
 from common import RESULTS, Measurement, save  # noqa: E402
 
 HORIZON = 28

@@ -113,7 +113,8 @@ def run_notebook(name: str, spark, widgets: dict[str, str]) -> Run:
 def test_every_notebook_is_a_source_notebook_with_widgets():
     names = sorted(p.name for p in NOTEBOOKS.glob("*.py"))
     assert names == ["01_train_per_segment.py", "02_inspect_results.py",
-                     "03_score_with_registered_model.py", "04_ray_on_spark.py"]
+                     "03_score_with_registered_model.py", "04_ray_on_spark.py",
+                     "05_forecast_many_series.py"]
     for name in names:
         text = (NOTEBOOKS / name).read_text()
         assert text.split(SEPARATOR)[0].splitlines()[1].startswith("# MAGIC %md")
@@ -223,3 +224,46 @@ def test_04_connects_by_address_and_runs_tasks_on_the_session_ray(spark, ray_add
     assert nodes.alive.sum() == 2 and set(tasks.node_id) <= set(nodes.node_id)
     assert run.namespace["squares"] == [i * i for i in range(16)] and tasks.tasks.sum() == 16
     assert not ray.is_initialized()
+
+
+FORECAST_JOB = """
+source: {table: notebook_series}
+segment_by: [store]
+target: sales
+time_column: day
+task: forecast
+forecast: {horizon: 7, frequency: D, rolling: {mean: [7]}}
+validation: {method: backtest, windows: 2}
+models:
+  - {name: ridge, kind: sklearn, estimator: sklearn.linear_model.Ridge}
+  - {name: theta, kind: statsforecast, estimator: AutoTheta, params: {season_length: 7}}
+min_rows: 20
+registry: {name: set.by.the.widget}
+training: {progress: false}
+"""
+
+
+def test_05_trains_forecasters_and_writes_every_series_forecast(spark, ray_address,
+                                                                  tmp_path):
+    import mlflow
+
+    from tests.test_forecast import stores
+
+    data = stores()
+    spark.createDataFrame(data).write.mode("overwrite").saveAsTable("notebook_series")
+    (tmp_path / "job.yml").write_text(FORECAST_JOB)
+    overrides = ["cluster.mode=address", f"cluster.address={ray_address}",
+                 "registry.name=tests.notebooks.forecast",
+                 f"training.output_dir={tmp_path / 'runs'}"]
+    run = run_notebook("05_forecast_many_series.py", spark, {
+        "config_path": str(tmp_path / "job.yml"), "overrides": " ; ".join(overrides),
+        "output_table": str(tmp_path / "forecasts"), "horizon": "3"})
+    series, forecasts, one = run.shown
+    assert (series.status == "trained").all() and len(series) == data.store.nunique()
+    assert run.namespace["summary"].rows == 3 * data.store.nunique()
+    written = spark.read.parquet(str(tmp_path / "forecasts")).toPandas()
+    model = mlflow.pyfunc.load_model("models:/tests.notebooks.forecast@champion")
+    np.testing.assert_allclose(model.predict(written[["store", "day"]]).to_numpy(),
+                               written.prediction.to_numpy(), rtol=1e-9)
+    assert list(one.kind.unique()) == ["history", "forecast"]
+    assert (one.kind == "forecast").sum() == 3

@@ -6,7 +6,7 @@ from raybricks.data import SegmentedDataset, to_ray_dataset
 from raybricks.errors import ClusterError, ConfigError, DataError, RaybricksError, SetupError
 from raybricks.flights_demo import run as demo
 from raybricks.pipeline import TrainingReport, train
-from raybricks.scoring import ScoreSummary, score
+from raybricks.scoring import ScoreSummary, forecast, score
 from raybricks.session import local_spark_session
 from raybricks.tracking import Publication, RegistryError, publish, register_run
 from raybricks.training import TrainingResult, train_segments
@@ -22,6 +22,7 @@ __all__ = [
     "RegistryError",
     "ScoreSummary",
     "demo",
+    "forecast",
     "publish",
     "register_run",
     "score",

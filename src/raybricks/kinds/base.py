@@ -14,10 +14,10 @@ package ``raybricks_kinds``, so keep their top-level imports to numpy and pandas
 
 from __future__ import annotations
 
+import datetime
 import functools
 import importlib
 import inspect
-import datetime
 import pickle
 from collections.abc import Callable
 from typing import Any, ClassVar
