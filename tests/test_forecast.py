@@ -202,7 +202,7 @@ def test_gaps_filled_on_request(tmp_path):
         plan = plan_for(frame, tmp_path, forecast={"horizon": HORIZON, "frequency": "D",
                                                    "gaps": gaps})
         row, _ = train_series(frame, ("gaps",), plan)
-        assert row["status"] == TRAINED and f"2 gap(s) filled ({gaps})" in row["reason"]
+        assert row["status"] == TRAINED and f"gaps filled: 2 period(s) ({gaps})" in row["reason"]
 
 
 def test_integer_periods(tmp_path):

@@ -270,15 +270,17 @@ def forecast_report(trained_report: TrainingReport, holdout: dict[str, float],
              f"{counts['failed']} failed"]
     if counts["skipped"]:
         lines.append("  skipped: " + result.skip_reasons())
-    notes = trained["reason"].dropna().str.split(":").str[0].value_counts()
+    notes = (trained["reason"].dropna().str.split("; ").explode().str.split(":").str[0]
+             .value_counts())
     if len(notes):
         lines.append("  noted: " + ", ".join(f"{k} ({v})" for k, v in notes.items()))
     if len(trained):
         model = trained[f"metric_{m}"].astype(float)
         base = trained[f"baseline_{m}"].astype(float)
         lines += [
-            f"backtest {m} per route: model median {model.median():.3f}, seasonal naive "
-            f"median {base.median():.3f} (model better on {metric(m).beats(model, base):.0%})",
+            f"backtest {m} per route: chosen median {model.median():.3f}, seasonal naive "
+            f"median {base.median():.3f} (better on {metric(m).beats(model, base):.0%}, "
+            "the seasonal naive forecast kept on the rest)",
             "chosen: " + ", ".join(f"{k} {v}" for k, v in
                                    trained["chosen"].map(json.loads).explode()
                                    .value_counts().items()),

@@ -110,7 +110,7 @@ def clean_series(data: pd.DataFrame, plan: Plan) -> Series:
                        "forecast.gaps: zero or forward to fill them)")
         filled = frame[TARGET].fillna(0.0) if spec["gaps"] == "zero" else frame[TARGET].ffill()
         frame[TARGET] = filled
-        notes.append(f"{gaps} gap(s) filled ({spec['gaps']})")
+        notes.append(f"gaps filled: {gaps} period(s) ({spec['gaps']})")
     if exogenous:
         frame[exogenous] = frame[exogenous].ffill().bfill()
         if frame[exogenous].isna().any(axis=None):
