@@ -38,6 +38,7 @@ bench: setup
 	$(VENV)/bin/python bench/bench_conversion.py
 	$(VENV)/bin/python bench/bench_scoring.py
 	$(VENV)/bin/python bench/bench_quality.py
+	$(VENV)/bin/python bench/bench_forecast.py
 
 # Databricks Runtime ML profiles (ci/runtimes/): the runtime's package versions, the
 # raybricks wheel installed on top (checked to move none of them), then the suite.
