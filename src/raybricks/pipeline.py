@@ -101,7 +101,7 @@ def train(
     timings: dict[str, float] = {}
     start = time.perf_counter()
     for candidate in config.models:
-        (kinds.forecaster(candidate) if config.forecast else kinds.of(candidate)).check()
+        kinds.of(candidate, forecast=config.task == "forecast").check()
     if register:
         tracking.check_registry_name(config, tracking.configure_tracking().registry_uri)
     spark = spark or spark_session()

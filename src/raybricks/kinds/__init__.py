@@ -88,8 +88,11 @@ def forecaster(candidate: Any) -> ForecastKind:
     return forecaster_kind(candidate.kind)(candidate)
 
 
-def of(candidate: Any) -> ModelKind:
-    """The kind of a candidate (its config), ready to check, fit and serialize."""
+def of(candidate: Any, forecast: bool = False) -> ModelKind:
+    """The kind of a candidate (its config), ready to check, fit and serialize; with
+    ``forecast`` (task forecast), the kind that forecasts for it (``forecaster``)."""
+    if forecast:
+        return forecaster(candidate)
     return resolve(candidate.kind)(candidate)
 
 

@@ -113,7 +113,7 @@ def warm_up(plan: Plan) -> None:
     """Import the candidates' libraries and user code before any clock starts: a fresh
     worker's imports are not part of a segment's fit time."""
     for candidate in plan.candidates:
-        (kinds.forecaster(candidate) if plan.forecast else kinds.of(candidate)).warm_up()
+        kinds.of(candidate, forecast=bool(plan.forecast)).warm_up()
 
 
 def limit_threads(plan: Plan) -> contextlib.AbstractContextManager:

@@ -85,11 +85,7 @@ def clean_series(data: pd.DataFrame, plan: Plan) -> Series:
     skip``, too short, constant)."""
     spec = plan.forecast
     exogenous = spec["exogenous"]
-    frame = pd.DataFrame({TIME: times_of(data[plan.time_column], spec),
-                          TARGET: pd.to_numeric(data[plan.target], errors="coerce")})
-    for column in exogenous:
-        frame[column] = pd.to_numeric(data[column], errors="coerce").to_numpy()
-    frame = frame[frame[TIME].notna()].sort_values(TIME, kind="stable")
+    frame = dated_rows(data, plan, exogenous)
     if frame.empty:
         raise Skip("no dates: the time column is null in every row")
     duplicated = frame[TIME].duplicated()
@@ -135,6 +131,16 @@ def clean_series(data: pd.DataFrame, plan: Plan) -> Series:
     if zeros >= INTERMITTENT_ZEROS:
         notes.append(f"intermittent: {zeros:.0%} of periods are zero")
     return Series(frame, notes)
+
+
+def dated_rows(data: pd.DataFrame, plan: Plan, columns: list[str]) -> pd.DataFrame:
+    """The segment's rows with a date, in time order: ``ds``, ``y`` and ``columns`` as
+    numbers (NaN where missing)."""
+    frame = pd.DataFrame({TIME: times_of(data[plan.time_column], plan.forecast),
+                          TARGET: pd.to_numeric(data[plan.target], errors="coerce")})
+    for column in columns:
+        frame[column] = pd.to_numeric(data[column], errors="coerce").to_numpy()
+    return frame[frame[TIME].notna()].sort_values(TIME, kind="stable")
 
 
 def grid_between(first: Any, last: Any, spec: dict[str, Any]) -> pd.Index | None:
@@ -270,14 +276,11 @@ def train_series(data: pd.DataFrame, key: tuple, plan: Plan
 def naive_member(data: pd.DataFrame, plan: Plan, key: tuple) -> list[dict[str, Any]]:
     """A skipped series' naive forecast (its last value, after its last date), so the
     registered model still serves it; none when it has no dated value."""
-    spec = plan.forecast
-    frame = pd.DataFrame({TIME: times_of(data[plan.time_column], spec),
-                          TARGET: pd.to_numeric(data[plan.target], errors="coerce")})
-    frame = frame.dropna().sort_values(TIME, kind="stable")
+    frame = dated_rows(data, plan, []).dropna()
     frame = frame[~frame[TIME].duplicated(keep="last")]
     if frame.empty:
         return []
-    for column in spec["exogenous"]:
+    for column in plan.forecast["exogenous"]:
         frame[column] = 0.0  # the naive forecast reads no exogenous value
     try:
         return [fitted_member(NAIVE, 1.0, {}, Series(frame.reset_index(drop=True), []),
