@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from importlib.metadata import version
+from pathlib import Path
 
 import mlflow
 import numpy as np
@@ -329,6 +331,11 @@ def test_exogenous_columns_drive_the_forecast(ray_on_spark, spark, tmp_path):
         last + pd.Timedelta(days=1), periods=HORIZON), "promo": [1.0, 0.0] * 3 + [1.0]})
     kinds = set(result.models().column("kind").to_pylist())
     assert "lags:lightgbm" in kinds
+    # a lag member pins mlforecast and its regressor's library
+    requirements = Path(mlflow.pyfunc.get_model_dependencies(
+        "models:/tests.forecast.promo@champion")).read_text()
+    for library in ("mlforecast", "lightgbm"):
+        assert f"{library}=={version(library)}" in requirements
     predicted = predict_without_raybricks("models:/tests.forecast.promo@champion", future,
                                           tmp_path)
     assert predicted[future.promo == 1].min() > predicted[future.promo == 0].max() + 5
