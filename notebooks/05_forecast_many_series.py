@@ -4,9 +4,9 @@
 # MAGIC
 # MAGIC A job config with `task: forecast` trains one forecaster per series: every
 # MAGIC candidate (lag models such as LightGBM or Ridge, statsforecast models such as
-# MAGIC AutoETS or Croston) is backtested over rolling origins against the series' seasonal
-# MAGIC naive forecast, the best (or a blend) is refitted on the whole series, and one
-# MAGIC segmented model is registered. `raybricks.forecast` then writes the next `horizon`
+# MAGIC AutoETS or Croston) is backtested over rolling origins, measured against the
+# MAGIC series' naive forecasts, the mean of the best three is refitted on the whole
+# MAGIC series, and one segmented model is registered. `raybricks.forecast` then writes the next `horizon`
 # MAGIC periods of every series with Spark.
 # MAGIC
 # MAGIC Needs the forecast extra on the cluster: `%pip install "raybricks[forecast]"` (or

@@ -21,6 +21,7 @@ from raybricks.cli import main
 from raybricks.config import JobConfig
 from raybricks.data import to_ray_dataset
 from raybricks.errors import ConfigError, RaybricksError
+from raybricks.kinds.forecasting import conformal_offsets, interval_columns
 from raybricks.results import FAILED, SKIPPED, TRAINED
 from raybricks.scoring import forecast
 from raybricks.segmented_model import SegmentModel
@@ -96,6 +97,10 @@ def plan_for(frame: pd.DataFrame, tmp_path, **changes):
     ({"models": [{"name": "ets", "kind": "statsforecast"}]}, "needs estimator"),
     ({"models": [{"name": "g", "kind": "global"}]}, "cannot forecast"),
     ({"validation": {"metric": "logloss"}}, "does not fit task='forecast'"),
+    ({"forecast": {"horizon": 7, "frequency": "D", "intervals": [80, 100]}},
+     "between 0 and 100"),
+    ({"forecast": {"horizon": 7, "frequency": "D", "intervals": [90]},
+      "validation": {"windows": 1}}, "windows of at least 2"),
 ])
 def test_inconsistent_forecast_configs_are_clear_errors(tmp_path, changes, message):
     with pytest.raises(ConfigError, match=message):
@@ -139,7 +144,7 @@ def test_backtest_windows_end_with_the_series_and_the_baseline_matches_numpy(tmp
     rng = np.random.default_rng(1)
     y = 50 + 5 * np.sin(2 * np.pi * np.arange(90) / 7) + rng.normal(size=90)
     frame = series("a", y)
-    plan = plan_for(frame, tmp_path, validation={"windows": 3, "step": 5})
+    plan = plan_for(frame, tmp_path, validation={"windows": 3, "step": 5}, selection="all")
     origins = windows(90, plan.forecast)
     assert origins == [73, 78, 83] and origins[-1] + HORIZON == 90
     row, members = train_series(frame, ("a",), plan)
@@ -152,6 +157,54 @@ def test_backtest_windows_end_with_the_series_and_the_baseline_matches_numpy(tmp
     expected = np.mean(np.abs(actual - predictions)) / denominator
     assert row["baseline_mase"] == pytest.approx(expected, rel=1e-9)
     assert row["metric_mase"] <= row["baseline_mase"]
+
+
+def test_the_baseline_is_the_better_naive_forecast(tmp_path):
+    rng = np.random.default_rng(3)
+    y = 100 + np.cumsum(rng.normal(scale=2, size=90))  # a random walk: no season
+    frame = series("walk", y)
+    plan = plan_for(frame, tmp_path, validation={"windows": 3, "step": 5})
+    origins = windows(90, plan.forecast)
+    row, _ = train_series(frame, ("walk",), plan)
+    actual = np.concatenate([y[o:o + HORIZON] for o in origins])
+    denominator = np.mean(np.abs(y[7:origins[0]] - y[:origins[0] - 7]))
+    last = np.concatenate([np.full(HORIZON, y[o - 1]) for o in origins])
+    week = np.concatenate([[y[o - 7 + k % 7] for k in range(HORIZON)] for o in origins])
+    naive, seasonal = (np.mean(np.abs(actual - p)) / denominator for p in (last, week))
+    assert naive < seasonal  # the last value beats last week's on a random walk
+    assert row["baseline_mase"] == pytest.approx(naive, rel=1e-9)
+
+
+def test_defaults_blend_local_candidates_and_selection_all_lets_the_baseline_compete(
+        tmp_path):
+    t = np.arange(90)
+    y = 50 + 10 * np.sin(2 * np.pi * t / 7)  # an exact weekly cycle: last week is perfect
+    frame = series("cycle", y)
+    plan = plan_for(frame, tmp_path)
+    assert (plan.selection, plan.ensemble, plan.top_k, plan.pool) == ("local_only", "mean",
+                                                                      3, [])
+    row, members = train_series(frame, ("cycle",), plan)
+    assert sorted(json.loads(row["chosen"])) == ["lgbm", "theta"]  # both, averaged
+    assert [m["weight"] for m in members] == [0.5, 0.5]
+    plan = plan_for(frame, tmp_path, selection="all", ensemble="best")
+    row, members = train_series(frame, ("cycle",), plan)
+    assert json.loads(row["chosen"]) == ["baseline"]
+    assert row["metric_mase"] == row["baseline_mase"] < row["theta_mase"]
+    assert json.loads(members[0]["params"]) == {"season_length": 7}
+
+
+def test_conformal_offsets_are_statsforecasts_conformal_distribution():
+    from statsforecast.models import _add_conformal_distribution_intervals
+
+    errors = np.abs(np.random.default_rng(5).normal(size=(3, HORIZON)))
+    levels = [80, 95]
+    expected = _add_conformal_distribution_intervals({"mean": np.zeros(HORIZON)}, errors,
+                                                     levels)
+    offsets = conformal_offsets(errors, levels)
+    columns = interval_columns(levels)
+    assert columns == ["lo_95", "lo_80", "hi_80", "hi_95"]
+    for name, row in zip(columns, offsets, strict=True):
+        np.testing.assert_allclose(row, expected[name.replace("_", "-")], rtol=1e-12)
 
 
 CONDITIONS = {
@@ -221,45 +274,47 @@ def test_integer_periods(tmp_path):
 # --------------------------------------------------------------------------- end to end
 
 
-def predict_without_raybricks(model_uri: str, frame: pd.DataFrame, tmp_path) -> np.ndarray:
-    """The registered model's predictions in a fresh interpreter that cannot import
+def predict_without_raybricks(model_uri: str, frame: pd.DataFrame, tmp_path,
+                              params: dict | None = None) -> pd.DataFrame:
+    """The registered model's output in a fresh interpreter that cannot import
     raybricks, with plain MLflow."""
     frame.to_parquet(tmp_path / "input.parquet")
     code = BLOCK_RAYBRICKS + f"""
 import mlflow, pandas as pd
 model = mlflow.pyfunc.load_model({model_uri!r})
 frame = pd.read_parquet({str(tmp_path / 'input.parquet')!r})
-model.predict(frame).to_frame().to_parquet({str(tmp_path / 'out.parquet')!r})
+pd.DataFrame(model.predict(frame, params={params!r})).to_parquet(
+    {str(tmp_path / 'out.parquet')!r})
 """
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    return pd.read_parquet(tmp_path / "out.parquet")["prediction"].to_numpy()
+    return pd.read_parquet(tmp_path / "out.parquet")
 
 
 @pytest.fixture(scope="module")
 def published(ray_on_spark, spark, tmp_path_factory):
     data = stores()
     config = forecast_job(tmp_path_factory.mktemp("runs"),
-                          registry={"name": "tests.forecast.model"})
+                          registry={"name": "tests.forecast.model"},
+                          forecast={"horizon": HORIZON, "frequency": "D",
+                                    "rolling": {"mean": [7]}, "date_features": ["dayofweek"],
+                                    "intervals": [80, 95]})
     ds = to_ray_dataset(spark.createDataFrame(data), ["store"])
     result = train_segments(ds, config)
     return data, result, tracking.publish(result, config)
 
 
-def test_series_choose_per_segment_and_never_do_worse_than_the_baseline(published):
+def test_series_blend_their_local_candidates_and_beat_the_baseline(published):
     _, result, _ = published
     segments = result.segments.set_index("store")
     assert (segments.status == TRAINED).all(), segments.reason
-    assert (segments.metric_mase <= segments.baseline_mase + 1e-12).all()
     season = segments.filter(like="season", axis=0)
     noise = segments.filter(like="noise", axis=0)
-    # the seasonal naive forecast repeats last week's noise: models beat it on noise
-    assert (noise.chosen != '["baseline"]').all()
-    assert (noise.metric_mase < noise.baseline_mase).all()
+    # the default blends the local candidates; a naive forecast repeats noise
+    assert all(sorted(json.loads(c)) == ["lgbm", "theta"] for c in segments.chosen)
+    assert (noise.metric_mase < noise.baseline_mase).mean() >= 0.8
     assert season.metric_mase.median() < season.baseline_mase.median()
-    assert json.loads(segments.loc["season0", "chosen"])[0] in (
-        "local:lgbm", "local:theta", "baseline")
 
 
 def test_registered_model_forecasts_future_dates_without_raybricks(published, tmp_path):
@@ -270,8 +325,10 @@ def test_registered_model_forecasts_future_dates_without_raybricks(published, tm
         for step in (3, 1, 7, 0, 71):  # 0: inside the history; 71: past ten horizons
             rows.append({"store": store, "day": last[store] + pd.Timedelta(days=step)})
     frame = pd.DataFrame(rows)
-    predicted = predict_without_raybricks("models:/tests.forecast.model@champion", frame,
-                                          tmp_path)
+    output = predict_without_raybricks("models:/tests.forecast.model@champion", frame,
+                                       tmp_path, {"intervals": True})
+    assert list(output.columns) == ["prediction", "lo_95", "lo_80", "hi_80", "hi_95"]
+    predicted = output.prediction.to_numpy()
     models = result.models().to_pandas()
     for store in ["season0", "noise3", "early"]:
         mask = (frame.store == store).to_numpy()
@@ -279,6 +336,11 @@ def test_registered_model_forecasts_future_dates_without_raybricks(published, tm
         expected = SegmentModel.from_rows(members).predict(frame[mask])
         np.testing.assert_allclose(predicted[mask], expected, rtol=1e-9)
         assert np.isfinite(predicted[mask][:3]).all() and np.isnan(predicted[mask][3:]).all()
+        bounds = output[mask].iloc[:3]  # nested, around the forecast, widest at 95%
+        assert (bounds.lo_95 <= bounds.lo_80).all() and (bounds.hi_80 <= bounds.hi_95).all()
+        assert (bounds.lo_80 < bounds.prediction).all()
+        assert (bounds.prediction < bounds.hi_80).all()
+        assert output[mask].iloc[3:].isna().all(axis=None)
     # the series that ended early forecasts from its own last date, and says so
     assert last["early"] < last["season0"]
     reason = result.segments.set_index("store").loc["early", "reason"]
@@ -289,7 +351,7 @@ def test_forecast_command_writes_every_segment_horizon(published, spark, tmp_pat
     data, _, _ = published
     output = str(tmp_path / "forecasts")
     assert main(["forecast", "--model", "models:/tests.forecast.model@champion",
-                 "--output", output]) == 0
+                 "--output", output, "--intervals"]) == 0
     written = pd.read_parquet(output).sort_values(["store", "day"])
     written["day"] = written.day.dt.tz_convert("UTC").dt.tz_localize(None)  # Spark: UTC
     assert written.groupby("store").size().eq(HORIZON).all()
@@ -299,8 +361,20 @@ def test_forecast_command_writes_every_segment_horizon(published, spark, tmp_pat
     last = data.groupby("store").day.max()
     assert (first == last + pd.Timedelta(days=1)).all()
     model = mlflow.pyfunc.load_model("models:/tests.forecast.model@champion")
-    again = model.predict(written[["store", "day"]])
-    np.testing.assert_allclose(written.prediction.to_numpy(), again.to_numpy(), rtol=1e-9)
+    again = model.predict(written[["store", "day"]], params={"intervals": True})
+    columns = ["prediction", "lo_95", "lo_80", "hi_80", "hi_95"]
+    np.testing.assert_allclose(written[columns].to_numpy(), again[columns].to_numpy(),
+                               rtol=1e-9)
+    assert (written.lo_95 < written.prediction).all()
+    assert (written.prediction < written.hi_95).all()
+    # a Spark consumer with MLflow's own UDF gets the same forecasts
+    udf = mlflow.pyfunc.spark_udf(spark, "models:/tests.forecast.model@champion",
+                                  result_type="double", env_manager="local")
+    rows = spark.read.parquet(output)
+    by_udf = rows.withColumn("udf", udf("store", "day")).select(
+        "store", "day", "prediction", "udf").toPandas()
+    np.testing.assert_allclose(by_udf.udf.to_numpy(), by_udf.prediction.to_numpy(),
+                               rtol=1e-9)
     pd.DataFrame({"store": ["noise1"]}).to_parquet(tmp_path / "wanted.parquet")
     summary = forecast("models:/tests.forecast.model@champion", str(tmp_path / "some"),
                        horizon=3, segments=str(tmp_path / "wanted.parquet"), spark=spark)
@@ -337,7 +411,7 @@ def test_exogenous_columns_drive_the_forecast(ray_on_spark, spark, tmp_path):
     for library in ("mlforecast", "lightgbm"):
         assert f"{library}=={version(library)}" in requirements
     predicted = predict_without_raybricks("models:/tests.forecast.promo@champion", future,
-                                          tmp_path)
+                                          tmp_path).prediction.to_numpy()
     assert predicted[future.promo == 1].min() > predicted[future.promo == 0].max() + 5
     model = mlflow.pyfunc.load_model("models:/tests.forecast.promo@champion")
     np.testing.assert_allclose(model.predict(future).to_numpy(), predicted, rtol=1e-9)

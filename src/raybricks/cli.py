@@ -35,12 +35,20 @@ def add_score_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output", required=True, help="table name or path")
     parser.add_argument("--probabilities", action="store_true",
                         help="classification: one probability column per class")
+    add_intervals_argument(parser)
+
+
+def add_intervals_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--intervals", action="store_true",
+                        help="forecasting models trained with forecast.intervals: the "
+                             "bounds lo_<level> and hi_<level> beside the prediction")
 
 
 def run_score(args: argparse.Namespace) -> int:
     from raybricks.scoring import score
 
-    summary = score(args.model, args.input, args.output, probabilities=args.probabilities)
+    summary = score(args.model, args.input, args.output, probabilities=args.probabilities,
+                    intervals=args.intervals)
     print(summary)
     return 0
 
@@ -52,12 +60,14 @@ def add_forecast_arguments(parser: argparse.ArgumentParser) -> None:
                         help="periods per segment (default: the model's horizon)")
     parser.add_argument("--segments", default=None,
                         help="only the segments of this table or path (its segment columns)")
+    add_intervals_argument(parser)
 
 
 def run_forecast(args: argparse.Namespace) -> int:
     from raybricks.scoring import forecast
 
-    summary = forecast(args.model, args.output, horizon=args.horizon, segments=args.segments)
+    summary = forecast(args.model, args.output, horizon=args.horizon, segments=args.segments,
+                       intervals=args.intervals)
     print(summary)
     return 0
 

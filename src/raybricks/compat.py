@@ -58,6 +58,10 @@ if PYDANTIC_V1:
         """``convert(cls, value) -> value`` run on a field's raw input."""
         return lambda convert: pydantic.validator(field, pre=True, allow_reuse=True)(convert)
 
+    def before_model(convert: Callable) -> Any:
+        """``convert(cls, data) -> data`` run on a model's raw input."""
+        return pydantic.root_validator(pre=True, allow_reuse=True)(convert)
+
     def non_empty(**constraints: Any) -> Any:
         """A list field that needs at least one item."""
         return pydantic.Field(min_items=1, **constraints)
@@ -83,6 +87,10 @@ else:
         """``convert(cls, value) -> value`` run on a field's raw input."""
         return lambda convert: pydantic.field_validator(field, mode="before")(
             classmethod(convert))
+
+    def before_model(convert: Callable) -> Any:
+        """``convert(cls, data) -> data`` run on a model's raw input."""
+        return pydantic.model_validator(mode="before")(classmethod(convert))
 
     def non_empty(**constraints: Any) -> Any:
         """A list field that needs at least one item."""

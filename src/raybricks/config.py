@@ -18,6 +18,7 @@ from pydantic import ByteSize, Field, PositiveInt, ValidationError
 from raybricks.compat import (
     StrictModel,
     after_validator,
+    before_model,
     before_validator,
     non_empty,
     validation_problems,
@@ -127,7 +128,9 @@ class ForecastConfig(StrictModel):
     the lag-model candidates (LightGBM, XGBoost, scikit-learn, CatBoost), which forecast
     recursively; ``transform`` applies to their target. ``exogenous``: columns known in
     the future (forecasts need their future values); ``gaps``: what a missing date in a
-    series does (skip the series, or fill the target with zero or the previous value).
+    series does (skip the series, or fill the target with zero or the previous value);
+    ``intervals``: levels (percent) of conformal prediction intervals, from the backtest's
+    errors of each series' ensemble.
     """
 
     horizon: PositiveInt
@@ -141,9 +144,14 @@ class ForecastConfig(StrictModel):
     exogenous: list[str] = Field(default_factory=list)
     transform: Literal["none", "difference", "log1p"] = "none"
     gaps: Literal["skip", "zero", "forward"] = "skip"
+    intervals: list[float] = Field(default_factory=list)
 
     @after_validator
     def _check(self) -> ForecastConfig:
+        outside = [level for level in self.intervals if not 0 < level < 100]
+        if outside:
+            raise ValueError(f"forecast.intervals {outside} are not levels between 0 and "
+                             "100 (percent), such as [80, 95]")
         if isinstance(self.frequency, str):
             import pandas as pd
 
@@ -256,9 +264,10 @@ class CandidateConfig(StrictModel):
 
 class EnsembleConfig(StrictModel):
     """How a segment's candidates become its model: the best one, the mean of the top
-    ``top_k``, or a mean weighted by inverse validation error."""
+    ``top_k``, or a mean weighted by inverse validation error (default: ``mean`` for
+    task forecast, whose short backtests pick a winner noisily; ``best`` otherwise)."""
 
-    method: Literal["best", "mean", "weighted"] = "best"
+    method: Literal["best", "mean", "weighted"] | None = None
     top_k: PositiveInt = 3
 
 
@@ -309,7 +318,7 @@ class JobConfig(StrictModel):
     refit: bool = True
     min_rows: int = 30
     fallback: Literal["global", "none"] = "none"
-    selection: Literal["all", "local_only"] = "all"
+    selection: Literal["all", "local_only"] = "all"  # task forecast: local_only
     global_segment_features: bool = False
     seed: int = 42
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
@@ -317,6 +326,15 @@ class JobConfig(StrictModel):
     training: TrainingConfig = Field(default_factory=TrainingConfig)
     registry: RegistryConfig = Field(default_factory=RegistryConfig)
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
+
+    @before_model
+    def _forecast_defaults(cls, data: object) -> object:
+        """Task forecast ranks the local candidates only unless told otherwise: the naive
+        forecasts win short backtests far more often than they win the future
+        (docs/benchmarks.md)."""
+        if isinstance(data, dict) and data.get("task") == "forecast":
+            return {"selection": "local_only"} | data
+        return data
 
     @before_validator("ensemble")
     def _ensemble_shorthand(cls, value: object) -> object:
@@ -341,6 +359,8 @@ class JobConfig(StrictModel):
             self.validation.metric = metric
         if self.validation.method is None:
             self.validation.method = "backtest" if self.task == "forecast" else "holdout"
+        if self.ensemble.method is None:
+            self.ensemble.method = "mean" if self.task == "forecast" else "best"
         if (self.validation.method == "backtest") != (self.task == "forecast"):
             raise ValueError("validation.method=backtest is the validation of task forecast, "
                              "and task forecast validates by backtest only")
@@ -426,6 +446,9 @@ def check_forecast(self: JobConfig) -> None:
     if self.refit is False:
         raise ValueError("task forecast refits every member on the whole series: "
                          "refit: false is not available")
+    if self.forecast.intervals and self.validation.windows < 2:
+        raise ValueError("forecast.intervals are calibrated on the backtest's errors: they "
+                         "need validation.windows of at least 2 (more for wide levels)")
 
 
 def apply_overrides(data: dict, overrides: list[str]) -> dict:

@@ -232,8 +232,9 @@ def daily_departures():
 
 
 def forecast_holdout(spark: SparkSession, cutoff: str) -> dict[str, float]:
-    """The forecasts of the held-out days against what flew (zero where no row), and the
-    seasonal naive forecast (the same weekday of the last week before the cutoff)."""
+    """The forecasts of the held-out days against what flew (zero where no row), the
+    seasonal naive forecast (the same weekday of the last week before the cutoff) and,
+    where the forecasts have intervals, how often each level's interval held the actual."""
     from pyspark.sql import functions as F
 
     daily = spark.table(DAILY_TABLE)
@@ -247,13 +248,17 @@ def forecast_holdout(spark: SparkSession, cutoff: str) -> dict[str, float]:
                            ["origin", "dest", "date"], "left")
             .withColumn("dow", F.dayofweek("date"))
             .join(last_week, ["origin", "dest", "dow"], "left")
-            .fillna(0, ["actual", "naive"])
-            .agg(F.avg(F.abs(F.col("prediction") - F.col("actual"))).alias("model"),
-                 F.avg(F.abs(F.col("naive") - F.col("actual"))).alias("naive"),
-                 F.countDistinct("origin", "dest").alias("routes"), F.count("*").alias("rows"))
-            .first())
+            .fillna(0, ["actual", "naive"]))
+    levels = [c[3:] for c in forecasts.columns if c.startswith("hi_")]
+    covered = [F.avg(F.when(F.col(f"hi_{v}").isNull(), None).otherwise(
+        F.col("actual").between(F.col(f"lo_{v}"), F.col(f"hi_{v}")).cast("double")))
+        .alias(f"covered_{v}") for v in levels]
+    rows = rows.agg(F.avg(F.abs(F.col("prediction") - F.col("actual"))).alias("model"),
+                    F.avg(F.abs(F.col("naive") - F.col("actual"))).alias("naive"),
+                    F.countDistinct("origin", "dest").alias("routes"),
+                    F.count("*").alias("rows"), *covered).first()
     return {"model_mae": rows["model"], "naive_mae": rows["naive"], "routes": rows["routes"],
-            "rows": rows["rows"]}
+            "rows": rows["rows"], "covered": {v: rows[f"covered_{v}"] for v in levels}}
 
 
 def forecast_report(trained_report: TrainingReport, holdout: dict[str, float],
@@ -278,9 +283,8 @@ def forecast_report(trained_report: TrainingReport, holdout: dict[str, float],
         model = trained[f"metric_{m}"].astype(float)
         base = trained[f"baseline_{m}"].astype(float)
         lines += [
-            f"backtest {m} per route: chosen median {model.median():.3f}, seasonal naive "
-            f"median {base.median():.3f} (better on {metric(m).beats(model, base):.0%}, "
-            "the seasonal naive forecast kept on the rest)",
+            f"backtest {m} per route: chosen median {model.median():.3f}, naive baseline "
+            f"median {base.median():.3f} (better on {metric(m).beats(model, base):.0%})",
             "chosen: " + ", ".join(f"{k} {v}" for k, v in
                                    trained["chosen"].map(json.loads).explode()
                                    .value_counts().items()),
@@ -289,8 +293,12 @@ def forecast_report(trained_report: TrainingReport, holdout: dict[str, float],
         f"held-out Dec 4-31, {holdout['rows']:,} route-days of {holdout['routes']} routes: "
         f"MAE {holdout['model_mae']:.3f} departures/day vs {holdout['naive_mae']:.3f} for "
         "last week's same weekday",
-        f"forecast: {summary}",
     ]
+    if holdout["covered"]:
+        lines.append("intervals held the actual on " + ", ".join(
+            f"{share:.0%} of days at {level}%" for level, share in holdout["covered"].items()
+            if share is not None))
+    lines.append(f"forecast: {summary}")
     if trained_report.publication is not None:
         lines += ["", trained_report.publication.describe()]
     lines += ["", "wall time per stage (s): " + ", ".join(
@@ -321,7 +329,8 @@ def run_forecast(config_path: Path = FORECAST_CONFIG, overrides: list[str] | Non
         trained = train(config, spark)
         stages.add(trained.timings)
         summary = forecast(f"models:/{config.registry.name}@{config.registry.alias}",
-                           FORECAST_TABLE, spark=spark)
+                           FORECAST_TABLE, spark=spark,
+                           intervals=bool(config.forecast.intervals))
         stages.mark("forecast")
         print(forecast_report(trained, forecast_holdout(spark, cutoff), stages, summary))
     finally:

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 
 from raybricks.data import lay_out_by_segment
 from raybricks.errors import DataError, RaybricksError
+from raybricks.kinds.forecasting import interval_columns
 from raybricks.segmented_model import (
     CLASSIFICATION,
     MANIFEST,
@@ -104,17 +105,25 @@ def write_output(df: DataFrame, name_or_path: str) -> None:
         df.write.mode("overwrite").parquet(name_or_path)
 
 
-def output_fields(manifest: dict, probabilities: bool) -> list[tuple[str, str]]:
+def output_fields(manifest: dict, probabilities: bool, intervals: bool = False
+                  ) -> list[tuple[str, str]]:
     """The columns scoring adds, as (name, Spark SQL type)."""
     if manifest["task"] in CLASSIFICATION and probabilities:
         added = [(f"probability_{c}", "double") for c in manifest.get("classes") or []]
     else:
         added = [("prediction", prediction_type(manifest))]
+    if intervals:
+        levels = (manifest.get("forecast") or {}).get("intervals") or []
+        if not levels:
+            raise RaybricksError("this model has no prediction intervals: train it with "
+                                 "forecast.intervals (levels such as [80, 95])")
+        added += [(name, "double") for name in interval_columns(levels)]
     return added + [("model_version", "string"), ("segment_status", "string")]
 
 
 def score_partitions(model_name: str, version: str | None, probabilities: bool,
-                     cache_segments: int, quiet_versions: bool = False):
+                     cache_segments: int, quiet_versions: bool = False,
+                     intervals: bool = False):
     """The mapInPandas function: predicts each batch with the worker's cached store.
     ``quiet_versions``: the driver reported the library versions, so the libraries'
     own version warnings, per loaded model, are silenced in the tasks."""
@@ -132,8 +141,11 @@ def score_partitions(model_name: str, version: str | None, probabilities: bool,
                 store = _STORES.get(directory)
                 if store is None:
                     store = _STORES[directory] = SegmentStore(directory, cache_segments)
-                result = store.predict(batch, probabilities)
-            if probabilities and store.task in CLASSIFICATION:
+                result = store.predict(batch, probabilities, intervals)
+            if intervals:
+                for column in result.values.columns:
+                    batch[column] = result.values[column].to_numpy()
+            elif probabilities and store.task in CLASSIFICATION:
                 for column in result.values.columns:
                     batch[f"probability_{column}"] = result.values[column].to_numpy()
             else:
@@ -148,9 +160,10 @@ def score_partitions(model_name: str, version: str | None, probabilities: bool,
 def score(
     model_uri: str, input: str | DataFrame, output: str | None = None, *,
     spark: SparkSession | None = None, probabilities: bool = False,
-    cache_segments: int = 2048, partitions: int | None = None,
+    cache_segments: int = 2048, partitions: int | None = None, intervals: bool = False,
 ) -> ScoreSummary | DataFrame:
-    """Score a table (name, path or DataFrame) with a segmented model, by segment.
+    """Score a table (name, path or DataFrame) with a segmented model, by segment
+    (``intervals``: a forecasting model's interval bounds beside the prediction).
 
     With ``output`` (table name or path) the predictions are written there and a
     ScoreSummary returned; without, the scored Spark DataFrame is returned (lazy).
@@ -162,7 +175,7 @@ def score(
     local, manifest = fetch_model(model_uri)
     df = input if not isinstance(input, str) else read_source(source_of(input), spark)
     return _score(model_uri, local, manifest, df, output, spark, probabilities,
-                  cache_segments, partitions, start)
+                  cache_segments, partitions, start, intervals)
 
 
 def fetch_model(model_uri: str) -> tuple[Path, dict]:
@@ -187,7 +200,8 @@ def fetch_model(model_uri: str) -> tuple[Path, dict]:
 
 def _score(model_uri: str, local: Path, manifest: dict, df: DataFrame, output: str | None,
            spark: SparkSession, probabilities: bool, cache_segments: int,
-           partitions: int | None, start: float) -> ScoreSummary | DataFrame:
+           partitions: int | None, start: float, intervals: bool = False
+           ) -> ScoreSummary | DataFrame:
     versions = library_version_problem(manifest, model_uri)
     if versions:  # once, here: not in every task that loads the model's members
         log.warning("%s", versions)
@@ -197,14 +211,14 @@ def _score(model_uri: str, local: Path, manifest: dict, df: DataFrame, output: s
         raise DataError(problem)
     version = model_version_of(model_uri)
     spark.sparkContext.addFile(str(local), recursive=True)
-    added = output_fields(manifest, probabilities)
+    added = output_fields(manifest, probabilities, intervals)
     schema = ", ".join([f"`{f.name}` {f.dataType.simpleString()}" for f in df.schema.fields]
                        + [f"`{name}` {kind}" for name, kind in added])
     partitions = partitions or max(df.rdd.getNumPartitions(),
                                    spark.sparkContext.defaultParallelism)
     scored = lay_out_by_segment(df, segment_by, partitions).mapInPandas(
         score_partitions(local.name, version, probabilities, cache_segments,
-                         quiet_versions=versions is not None), schema)
+                         quiet_versions=versions is not None, intervals=intervals), schema)
     if output is None:
         return scored
     write_output(scored, output)
@@ -226,12 +240,13 @@ def _score(model_uri: str, local: Path, manifest: dict, df: DataFrame, output: s
 def forecast(
     model_uri: str, output: str | None = None, *, horizon: int | None = None,
     segments: str | DataFrame | None = None, spark: SparkSession | None = None,
-    cache_segments: int = 2048, partitions: int | None = None,
+    cache_segments: int = 2048, partitions: int | None = None, intervals: bool = False,
 ) -> ScoreSummary | DataFrame:
     """The next ``horizon`` periods (default: the model's) of every segment the model
     serves (or of those in ``segments``: a table, path or DataFrame with the segment
     columns), after each series' own last date: one row per segment and period with the
-    time column and ``prediction``, written to ``output`` as ``score`` writes."""
+    time column and ``prediction`` (``intervals``: and the bounds ``lo_<level>``,
+    ``hi_<level>``), written to ``output`` as ``score`` writes."""
     from raybricks.cluster import spark_session
 
     start = time.perf_counter()
@@ -259,7 +274,7 @@ def forecast(
         keys = wanted.select(*manifest["segment_by"]).distinct()
         rows = rows.join(keys, on=manifest["segment_by"], how="inner")
     return _score(model_uri, local, manifest, rows, output, spark, False, cache_segments,
-                  partitions, start)
+                  partitions, start, intervals)
 
 
 def future_rows(directory: Path, manifest: dict, horizon: int) -> pd.DataFrame:

@@ -179,6 +179,14 @@ class SegmentModel:
         return sum(self._member_predict(member, frame) * (weight / total)
                    for member, weight in self.members)
 
+    def predict_intervals(self, frame: pd.DataFrame, levels: list[float]) -> np.ndarray:
+        """Forecasts and their interval bounds: columns ``prediction`` and
+        ``interval_columns(levels)`` (NaN where the series has no intervals)."""
+        point = self.predict_raw(frame)
+        bounds = kinds.forecasting.interval_bounds(
+            point, prepare_features(frame, self.meta), self.meta, levels)
+        return np.column_stack([point, bounds])
+
     def predict(self, frame: pd.DataFrame, probabilities: bool = False) -> np.ndarray:
         """Values for regression; class labels (or probabilities) for classification."""
         raw = self.predict_raw(frame)
@@ -318,8 +326,10 @@ class SegmentStore:
             ) from exc
         return key_tuples(typed, self.segment_by), codes
 
-    def predict(self, frame: pd.DataFrame, probabilities: bool = False) -> Prediction:
-        """One prediction per row, in input order, for rows of any mix of segments."""
+    def predict(self, frame: pd.DataFrame, probabilities: bool = False,
+                intervals: bool = False) -> Prediction:
+        """One prediction per row, in input order, for rows of any mix of segments;
+        ``intervals``: with a forecasting model's interval bounds."""
         problem = missing_columns(frame.columns, self.segment_by, self.features)
         if problem:
             raise ValueError(problem)
@@ -329,7 +339,12 @@ class SegmentStore:
         cuts = np.searchsorted(codes[order], np.arange(len(keys) + 1))
         models = self.models(keys)
         status = np.empty(len(frame), dtype=object)
-        outputs = Outputs(len(frame), self.task, self.manifest.get("classes"), probabilities)
+        levels = (self.manifest.get("forecast") or {}).get("intervals") or []
+        if intervals and not levels:
+            raise ValueError("this model has no prediction intervals: train it with "
+                             "forecast.intervals (levels such as [80, 95])")
+        outputs = Outputs(len(frame), self.task, self.manifest.get("classes"), probabilities,
+                          levels if intervals else [])
         unscored = 0
         for position, key in enumerate(keys):
             rows = order[cuts[position]:cuts[position + 1]]
@@ -361,17 +376,24 @@ class Prediction:
 class Outputs:
     """Collects per-segment predictions into one output in input order."""
 
-    def __init__(self, n: int, task: str, classes: list | None, probabilities: bool) -> None:
+    def __init__(self, n: int, task: str, classes: list | None, probabilities: bool,
+                 levels: list[float] | None = None) -> None:
         self.classify = task in CLASSIFICATION
         self.probabilities = self.classify and probabilities
         self.classes = list(classes or [])
-        if self.probabilities:
+        self.levels = list(levels or [])
+        if self.levels:
+            self.values = np.full((n, 1 + 2 * len(self.levels)), np.nan)
+        elif self.probabilities:
             self.values = np.full((n, len(self.classes)), np.nan)
         else:
             self.values = np.full(n, None if self.classify else np.nan, dtype=object
                                   if self.classify else "float64")
 
     def put(self, rows: np.ndarray, model: SegmentModel, frame: pd.DataFrame) -> None:
+        if self.levels:
+            self.values[rows] = model.predict_intervals(frame, self.levels)
+            return
         predicted = model.predict(frame, probabilities=self.probabilities)
         if not self.probabilities:
             self.values[rows] = predicted
@@ -382,6 +404,9 @@ class Outputs:
         self.values[rows] = block
 
     def result(self) -> pd.Series | pd.DataFrame:
+        if self.levels:
+            columns = ["prediction", *kinds.forecasting.interval_columns(self.levels)]
+            return pd.DataFrame(self.values, columns=columns)
         if self.probabilities:
             return pd.DataFrame(self.values, columns=[str(c) for c in self.classes])
         values = self.values
@@ -399,7 +424,9 @@ if __name__ != "raybricks.segmented_model":  # run by MLflow as the logged model
     class SegmentedModel(PythonModel):
         """The MLflow pyfunc: ``predict(frame)`` scores rows of any mix of segments.
 
-        ``params={"probabilities": True}`` gives class probabilities (classification).
+        ``params={"probabilities": True}`` gives class probabilities (classification);
+        ``params={"intervals": True}`` a forecasting model's interval bounds beside the
+        prediction (``lo_<level>``, ``hi_<level>``).
         ``model_config={"cache_segments": N}`` bounds how many segments stay loaded.
         """
 
@@ -417,6 +444,7 @@ if __name__ != "raybricks.segmented_model":  # run by MLflow as the logged model
             params = params or {}
             frame = model_input if isinstance(model_input, pd.DataFrame) else pd.DataFrame(
                 model_input)
-            return self.store.predict(frame, bool(params.get("probabilities", False))).values
+            return self.store.predict(frame, bool(params.get("probabilities", False)),
+                                      bool(params.get("intervals", False))).values
 
     mlflow.models.set_model(SegmentedModel())

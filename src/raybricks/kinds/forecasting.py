@@ -51,6 +51,48 @@ def steps_ahead(times: pd.Index, spec: dict[str, Any], last: Any, limit: int) ->
     return np.where(position >= 0, position + 1, 0)
 
 
+def row_steps(features: pd.DataFrame, meta: dict[str, Any]) -> tuple[np.ndarray, Any]:
+    """Each row's periods after the stored series' last date (0 outside the next
+    ``limit``), and that last date."""
+    spec = meta["forecast"]
+    last = spec["last"] if isinstance(spec["frequency"], int) else pd.Timestamp(spec["last"])
+    times = times_of(features[meta["features"][0]], spec)
+    return steps_ahead(times, spec, last, spec["limit"]), last
+
+
+def interval_columns(levels: list[float]) -> list[str]:
+    """The columns of prediction intervals at ``levels`` (percent): every ``lo_<level>``
+    (widest first), then every ``hi_<level>``."""
+    names = [f"{level:g}".replace(".", "_") for level in levels]
+    return [f"lo_{name}" for name in reversed(names)] + [f"hi_{name}" for name in names]
+
+
+def conformal_offsets(errors: np.ndarray, levels: list[float]) -> list[list[float]]:
+    """Conformal interval bounds around a forecast, per step, from ``errors`` (windows x
+    horizon absolute errors of backtest forecasts): statsforecast's and mlforecast's
+    ``conformal_distribution`` method (quantiles of the forecast plus and minus each
+    window's error), as offsets in ``interval_columns`` order."""
+    spread = np.vstack([-errors, errors])
+    cuts = [(100 - level) / 200 for level in reversed(levels)]
+    cuts += [1 - (100 - level) / 200 for level in levels]
+    return np.quantile(spread, cuts, axis=0).tolist()
+
+
+def interval_bounds(point: np.ndarray, features: pd.DataFrame, meta: dict[str, Any],
+                    levels: list[float]) -> np.ndarray:
+    """The rows' interval bounds (n x ``interval_columns``) around ``point``: NaN for a
+    row beyond the calibrated horizon or of a series stored without intervals."""
+    out = np.full((len(point), 2 * len(levels)), np.nan)
+    stored = meta.get("forecast", {}).get("intervals")
+    if not stored or [float(v) for v in stored["levels"]] != [float(v) for v in levels]:
+        return out
+    offsets = np.asarray(stored["offsets"], dtype="float64")  # columns x horizon
+    steps, _ = row_steps(features, meta)
+    inside = (steps > 0) & (steps <= offsets.shape[1])
+    out[inside] = point[inside, None] + offsets[:, steps[inside] - 1].T
+    return out
+
+
 class ForecastKind(ModelKind):
     """A kind that forecasts series. Its stored half answers rows carrying the time
     column (``meta["features"][0]``) and the exogenous columns: one value per row, the
@@ -64,11 +106,8 @@ class ForecastKind(ModelKind):
     def predict_loaded(cls, model: Any, features: pd.DataFrame, meta: dict[str, Any]
                        ) -> np.ndarray:
         spec = meta["forecast"]
-        time_column, exogenous = meta["features"][0], spec["exogenous"]
-        last = spec["last"] if isinstance(spec["frequency"], int) else pd.Timestamp(
-            spec["last"])
-        times = times_of(features[time_column], spec)
-        steps = steps_ahead(times, spec, last, spec["limit"])
+        exogenous = spec["exogenous"]
+        steps, last = row_steps(features, meta)
         out = np.full(len(features), np.nan)
         if not steps.any():
             return out

@@ -39,13 +39,14 @@ def model_requirements(libraries: Iterable[str]) -> list[str]:
 
 def signature_for(store: SegmentStore, example: pd.DataFrame):
     """Inputs: segment columns and features (types from the example); output: the
-    prediction; params: ``probabilities``."""
+    prediction; params: ``probabilities``, ``intervals``."""
     from mlflow.models import ModelSignature, infer_signature
     from mlflow.types import ColSpec, ParamSchema, ParamSpec, Schema
 
     inputs = infer_signature(example[store.segment_by + store.features]).inputs
     outputs = Schema([ColSpec(prediction_type(store.manifest), "prediction")])
-    params = ParamSchema([ParamSpec("probabilities", "boolean", False)])
+    params = ParamSchema([ParamSpec("probabilities", "boolean", False),
+                          ParamSpec("intervals", "boolean", False)])
     return ModelSignature(inputs, outputs, params)
 
 

@@ -1,6 +1,6 @@
 """Training one series (task forecast): clean it onto its frequency's grid, backtest every
-candidate over rolling origins, select or blend per series (the seasonal naive baseline
-competes), refit the chosen members on the whole series.
+candidate and the naive baselines over rolling origins, blend (or pick) per series,
+refit the chosen members on the whole series.
 
 Plain Python on one segment's pandas frame, like ``segment.py``, whose selection and
 result rows it shares; the packed engine runs it for many series per task.
@@ -18,7 +18,13 @@ import pyarrow as pa
 
 from raybricks import kinds, metrics
 from raybricks.config import CandidateConfig, JobConfig
-from raybricks.kinds.forecasting import TARGET, TIME, future_times, times_of
+from raybricks.kinds.forecasting import (
+    TARGET,
+    TIME,
+    conformal_offsets,
+    future_times,
+    times_of,
+)
 from raybricks.kinds.lags import memory
 from raybricks.results import TRAINED
 from raybricks.training.search import trial_settings
@@ -48,18 +54,21 @@ def forecast_spec(config: JobConfig) -> dict[str, Any]:
         "rolling": {stat: list(w) for stat, w in forecast.rolling.items()},
         "rolling_lag": forecast.rolling_lag, "date_features": list(forecast.date_features),
         "exogenous": list(forecast.exogenous), "transform": forecast.transform,
-        "gaps": forecast.gaps, "windows": validation.windows,
+        "gaps": forecast.gaps, "intervals": sorted(set(forecast.intervals)),
+        "windows": validation.windows,
         "step": validation.step or forecast.horizon,
     }
 
 
 def baselines(spec: dict[str, Any]) -> list[CandidateConfig]:
-    """The naive baseline every series is compared with: the seasonal naive forecast
-    (the plain naive one when the season is a single period)."""
+    """The naive forecasts every series is compared with: the last value and, with a
+    season, the last season's values; the better of them on the backtest is the
+    series' baseline."""
     season = spec["season_length"]
     if season > 1:
         return [CandidateConfig(name="baseline", kind="statsforecast",
-                                estimator="SeasonalNaive", params={"season_length": season})]
+                                estimator="SeasonalNaive", params={"season_length": season}),
+                NAIVE]
     return [NAIVE]
 
 
@@ -212,8 +221,32 @@ def evaluate(series: Series, candidate: CandidateConfig, plan: Plan, key: tuple,
     return best
 
 
-def member_meta(series: Series, plan: Plan) -> dict[str, Any]:
-    """What a stored member of this series needs to answer future dates."""
+def baseline(series: Series, plan: Plan, key: tuple, origins: list[int],
+             actual: np.ndarray, divisor: float) -> Evaluation:
+    """The better of the naive forecasts (``baselines``) on the backtest."""
+    found = [evaluate(series, c, plan, key, origins, actual, divisor)
+             for c in baselines(plan.forecast)]
+    ok = [e for e in found if e.error is None]
+    if not ok:
+        raise RuntimeError(f"the naive baseline failed: {found[0].error}")
+    return metrics.metric(plan.metric).best(ok, lambda e: e.value)
+
+
+def intervals(chosen: list[tuple[Evaluation, float]], actual: np.ndarray, divisor: float,
+              spec: dict[str, Any]) -> dict[str, Any] | None:
+    """The series' conformal intervals (``forecast.intervals``; None without levels):
+    offsets per bound and step from the backtest errors of its ensemble."""
+    if not spec["intervals"]:
+        return None
+    blend = sum(e.predictions * w for e, w in chosen)
+    errors = np.abs(actual - blend).reshape(spec["windows"], spec["horizon"]) * divisor
+    return {"levels": spec["intervals"], "offsets": conformal_offsets(errors, spec["intervals"])}
+
+
+def member_meta(series: Series, plan: Plan, bounds: dict[str, Any] | None = None
+                ) -> dict[str, Any]:
+    """What a stored member of this series needs to answer future dates (and
+    ``bounds``: its ensemble's interval offsets)."""
     last = series.frame[TIME].iloc[-1]
     spec = plan.forecast
     return {
@@ -222,18 +255,19 @@ def member_meta(series: Series, plan: Plan) -> dict[str, Any]:
             "frequency": spec["frequency"], "exogenous": spec["exogenous"],
             "last": last.isoformat() if isinstance(last, pd.Timestamp) else int(last),
             "limit": spec["horizon"] * HORIZONS_ANSWERED,
-        },
+        } | ({"intervals": bounds} if bounds else {}),
     }
 
 
 def fitted_member(candidate: CandidateConfig, weight: float, params: dict[str, Any],
-                  series: Series, plan: Plan, key: tuple) -> dict[str, Any]:
+                  series: Series, plan: Plan, key: tuple,
+                  bounds: dict[str, Any] | None = None) -> dict[str, Any]:
     """A chosen candidate refitted on the whole series, serialized."""
     kind = kinds.forecaster(candidate)
     seed = stable_seed(plan.seed, key, candidate.name, "fit")
     model = kind.fit_series(params, series.frame, seed, plan.threads, plan.forecast)
     row = member_row(candidate, weight, params, kind.serialize(model),
-                     member_meta(series, plan))
+                     member_meta(series, plan, bounds))
     return row | {"kind": kind.name}
 
 
@@ -253,14 +287,13 @@ def train_series(data: pd.DataFrame, key: tuple, plan: Plan
         actual = actual / divisor
         evaluations = [evaluate(series, c, plan, key, origins, actual, divisor)
                        for c in plan.candidates]
-        naive = evaluate(series, baselines(spec)[0], plan, key, origins, actual, divisor)
-        if naive.error:
-            raise RuntimeError(f"the naive baseline failed: {naive.error}")
+        naive = baseline(series, plan, key, origins, actual, divisor)
         if plan.pool:  # selection all: the baseline competes
             evaluations.append(naive)
         row = key_row(plan, key, len(data))
         chosen = summarize(row, evaluations, actual, naive.predictions, plan)
-        members = [fitted_member(e.candidate, w, e.params, series, plan, key)
+        bounds = intervals(chosen, actual, divisor, spec)
+        members = [fitted_member(e.candidate, w, e.params, series, plan, key, bounds)
                    for e, w in chosen]
         row["status"] = TRAINED
         if series.notes:
@@ -301,7 +334,7 @@ def forecast_manifest(plan: Plan, schema: pa.Schema) -> dict[str, Any] | None:
             if pa.types.is_timestamp(kind) else "integer",
             "frequency": spec["frequency"], "horizon": spec["horizon"],
             "season_length": spec["season_length"], "exogenous": spec["exogenous"],
-            "answers": spec["horizon"] * HORIZONS_ANSWERED}
+            "answers": spec["horizon"] * HORIZONS_ANSWERED, "intervals": spec["intervals"]}
 
 
 def future_example(rows: pd.DataFrame, plan: Plan, periods: int = 5) -> pd.DataFrame:
