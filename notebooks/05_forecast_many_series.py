@@ -6,8 +6,8 @@
 # MAGIC candidate (lag models such as LightGBM or Ridge, statsforecast models such as
 # MAGIC AutoETS or Croston) is backtested over rolling origins, measured against the
 # MAGIC series' naive forecasts, the mean of the best three is refitted on the whole
-# MAGIC series, and one segmented model is registered. `raybricks.forecast` then writes the next `horizon`
-# MAGIC periods of every series with Spark.
+# MAGIC series, and one segmented model is registered. `raybricks.forecast` then writes
+# MAGIC the next `horizon` periods of every series with Spark.
 # MAGIC
 # MAGIC Needs the forecast extra on the cluster: `%pip install "raybricks[forecast]"` (or
 # MAGIC the wheel plus statsforecast and mlforecast, as the bundle's forecasting job does).

@@ -207,6 +207,33 @@ def test_conformal_offsets_are_statsforecasts_conformal_distribution():
         np.testing.assert_allclose(row, expected[name.replace("_", "-")], rtol=1e-12)
 
 
+def test_direct_strategy_is_mlforecasts_one_model_per_step(tmp_path):
+    from mlforecast import MLForecast
+    from sklearn.linear_model import Ridge
+
+    rng = np.random.default_rng(4)
+    t = np.arange(120)
+    frame = series("a", 50 + 0.2 * t + 5 * np.sin(2 * np.pi * t / 7) + rng.normal(size=120))
+    ridge = [{"name": "ridge", "kind": "sklearn", "estimator": "sklearn.linear_model.Ridge"}]
+    plan = plan_for(frame, tmp_path, models=ridge, forecast={
+        "horizon": HORIZON, "frequency": "D", "strategy": "direct"})
+    row, members = train_series(frame, ("a",), plan)
+    assert row["status"] == TRAINED and json.loads(row["chosen"]) == ["ridge"]
+    future = pd.DataFrame({"store": "a", "day": pd.date_range(
+        frame.day.max() + pd.Timedelta(days=1), periods=HORIZON + 1)})
+    ours = SegmentModel.from_rows(members).predict(future)
+    # mlforecast's own direct forecast: the same lags, one Ridge per step
+    theirs = MLForecast(models={"ridge": Ridge()}, freq="D", lags=plan.forecast["lags"]).fit(
+        frame.rename(columns={"store": "unique_id", "day": "ds", "sales": "y"}),
+        static_features=[], max_horizon=HORIZON).predict(HORIZON)["ridge"].to_numpy()
+    np.testing.assert_allclose(ours[:HORIZON], theirs, rtol=1e-9)
+    assert np.isnan(ours[HORIZON])  # its regressors stop at the horizon
+    recursive = plan_for(frame, tmp_path, models=ridge)
+    _, members = train_series(frame, ("a",), recursive)
+    assert not np.allclose(SegmentModel.from_rows(members).predict(future)[:HORIZON], ours[
+        :HORIZON])
+
+
 CONDITIONS = {
     "duplicate": (series("duplicate", np.arange(60.0)).pipe(
         lambda f: pd.concat([f, f.iloc[[10]]])), SKIPPED, "duplicate dates"),

@@ -130,7 +130,9 @@ class ForecastConfig(StrictModel):
     the future (forecasts need their future values); ``gaps``: what a missing date in a
     series does (skip the series, or fill the target with zero or the previous value);
     ``intervals``: levels (percent) of conformal prediction intervals, from the backtest's
-    errors of each series' ensemble.
+    errors of each series' ensemble; ``strategy``: how lag models reach the horizon
+    (``recursive``: one model, each forecast feeding the next step's lags; ``direct``:
+    mlforecast's one model per step, forecasts up to the horizon only).
     """
 
     horizon: PositiveInt
@@ -145,6 +147,7 @@ class ForecastConfig(StrictModel):
     transform: Literal["none", "difference", "log1p"] = "none"
     gaps: Literal["skip", "zero", "forward"] = "skip"
     intervals: list[float] = Field(default_factory=list)
+    strategy: Literal["recursive", "direct"] = "recursive"
 
     @after_validator
     def _check(self) -> ForecastConfig:

@@ -250,7 +250,7 @@ def forecast_holdout(spark: SparkSession, cutoff: str) -> dict[str, float]:
             .join(last_week, ["origin", "dest", "dow"], "left")
             .fillna(0, ["actual", "naive"]))
     levels = [c[3:] for c in forecasts.columns if c.startswith("hi_")]
-    covered = [F.avg(F.when(F.col(f"hi_{v}").isNull(), None).otherwise(
+    covered = [F.avg(F.when(F.isnan(f"hi_{v}") | F.col(f"hi_{v}").isNull(), None).otherwise(
         F.col("actual").between(F.col(f"lo_{v}"), F.col(f"hi_{v}")).cast("double")))
         .alias(f"covered_{v}") for v in levels]
     rows = rows.agg(F.avg(F.abs(F.col("prediction") - F.col("actual"))).alias("model"),

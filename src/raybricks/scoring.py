@@ -263,8 +263,8 @@ def forecast(
             f"{spec['time_column']!r} and {spec['exogenous']}) with raybricks score")
     horizon = horizon or spec["horizon"]
     if not 0 < horizon <= spec["answers"]:
-        raise RaybricksError(f"horizon {horizon} is outside 1..{spec['answers']} (ten times "
-                             f"the trained horizon of {spec['horizon']})")
+        raise RaybricksError(f"horizon {horizon} is outside 1..{spec['answers']}, the periods "
+                             f"this model answers (trained horizon {spec['horizon']})")
     future = future_rows(local / "artifacts" / "segments", manifest, horizon)
     rows = spark.createDataFrame(future) if len(future) else spark.createDataFrame(
         [], ", ".join(f"`{c}` string" for c in future.columns))

@@ -1,6 +1,7 @@
 """Lag models: any kind that fits tables (LightGBM, XGBoost, scikit-learn, CatBoost, a
 user's kind) fitted to one series on its lags, rolling statistics of lags, date features
-and exogenous columns, forecasting recursively, with mlforecast's feature machinery.
+and exogenous columns, forecasting recursively (or directly: one regressor per step,
+``forecast.strategy: direct``), with mlforecast's feature machinery.
 
 A candidate ``{kind: lightgbm}`` of task forecast is stored as kind ``lags:lightgbm``:
 the fitted ``MLForecast`` (pickled without its regressor) and the regressor as its own
@@ -109,11 +110,18 @@ class LagsKind(ForecastKind):
     @classmethod
     def load(cls, payload: bytes, meta: dict[str, Any]) -> Any:
         stored = pickle.loads(payload)  # noqa: S301 - the model's own trusted payload
-        forecaster = stored["mlforecast"]
-        regressor_meta = stored["meta"]
-        model = cls.regressor.load(stored["regressor"], regressor_meta)
-        forecaster.models_ = {MODEL: KindRegressor(cls.regressor, {}, model=model,
-                                                   meta=regressor_meta)}
+        forecaster, regressor_meta = stored["mlforecast"], stored["meta"]
+
+        def loaded(data: bytes) -> KindRegressor:
+            return KindRegressor(cls.regressor, {}, model=cls.regressor.load(
+                data, regressor_meta), meta=regressor_meta)
+
+        if "regressors" in stored:  # direct: one regressor per step, as mlforecast kept them
+            steps = {step: loaded(data) for step, data in stored["regressors"].items()}
+            fitted = steps if stored["container"] == "dict" else [steps[s] for s in sorted(steps)]
+        else:
+            fitted = loaded(stored["regressor"])
+        forecaster.models_ = {MODEL: fitted}
         return forecaster
 
     @classmethod
@@ -141,14 +149,23 @@ class LagsKind(ForecastKind):
             freq=spec["frequency"], lags=spec["lags"], lag_transforms=lag_transforms(spec),
             date_features=spec["date_features"] or None,
             target_transforms=target_transforms(spec))
+        direct = spec.get("strategy") == "direct"
         return forecaster.fit(history.assign(**{ID: 0}), static_features=[],
-                              keep_last_n=memory(spec), cache_train_df=False)
+                              keep_last_n=memory(spec), cache_train_df=False,
+                              max_horizon=spec["horizon"] if direct else None)
 
     def serialize(self, model) -> bytes:
-        regressor, unfitted = model.models_[MODEL], model.models
-        model.models_, model.models = {}, {}  # the regressor goes as its kind stores it
+        fitted, unfitted = model.models_[MODEL], model.models
+        model.models_, model.models = {}, {}  # regressors go as their kind stores them
         try:
-            return pickle.dumps({"mlforecast": model, "regressor": regressor.kind.serialize(
-                regressor.model), "meta": regressor.meta}, protocol=5)
+            if isinstance(fitted, KindRegressor):
+                stored = {"regressor": fitted.kind.serialize(fitted.model), "meta": fitted.meta}
+            else:  # direct: mlforecast keeps one regressor per step (dict or list)
+                steps = dict(fitted.items() if isinstance(fitted, dict) else enumerate(fitted))
+                stored = {"regressors": {step: r.kind.serialize(r.model)
+                                         for step, r in steps.items()},
+                          "meta": next(iter(steps.values())).meta,
+                          "container": "dict" if isinstance(fitted, dict) else "list"}
+            return pickle.dumps({"mlforecast": model, **stored}, protocol=5)
         finally:
-            model.models_, model.models = {MODEL: regressor}, unfitted
+            model.models_, model.models = {MODEL: fitted}, unfitted

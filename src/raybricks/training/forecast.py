@@ -55,6 +55,7 @@ def forecast_spec(config: JobConfig) -> dict[str, Any]:
         "rolling_lag": forecast.rolling_lag, "date_features": list(forecast.date_features),
         "exogenous": list(forecast.exogenous), "transform": forecast.transform,
         "gaps": forecast.gaps, "intervals": sorted(set(forecast.intervals)),
+        "strategy": forecast.strategy,
         "windows": validation.windows,
         "step": validation.step or forecast.horizon,
     }
@@ -254,7 +255,7 @@ def member_meta(series: Series, plan: Plan, bounds: dict[str, Any] | None = None
         "task": plan.task, "forecast": {
             "frequency": spec["frequency"], "exogenous": spec["exogenous"],
             "last": last.isoformat() if isinstance(last, pd.Timestamp) else int(last),
-            "limit": spec["horizon"] * HORIZONS_ANSWERED,
+            "limit": answered(spec),
         } | ({"intervals": bounds} if bounds else {}),
     }
 
@@ -322,6 +323,12 @@ def naive_member(data: pd.DataFrame, plan: Plan, key: tuple) -> list[dict[str, A
         return []
 
 
+def answered(spec: dict[str, Any]) -> int:
+    """How many periods after its history a stored series answers: ten horizons, the
+    horizon itself with the direct strategy (its regressors stop there)."""
+    return spec["horizon"] * (1 if spec["strategy"] == "direct" else HORIZONS_ANSWERED)
+
+
 def forecast_manifest(plan: Plan, schema: pa.Schema) -> dict[str, Any] | None:
     """What the registered model records of its forecasts (None for other tasks): the
     time column and its type, the frequency, the horizon, the exogenous columns."""
@@ -334,7 +341,7 @@ def forecast_manifest(plan: Plan, schema: pa.Schema) -> dict[str, Any] | None:
             if pa.types.is_timestamp(kind) else "integer",
             "frequency": spec["frequency"], "horizon": spec["horizon"],
             "season_length": spec["season_length"], "exogenous": spec["exogenous"],
-            "answers": spec["horizon"] * HORIZONS_ANSWERED, "intervals": spec["intervals"]}
+            "answers": answered(spec), "intervals": spec["intervals"]}
 
 
 def future_example(rows: pd.DataFrame, plan: Plan, periods: int = 5) -> pd.DataFrame:
