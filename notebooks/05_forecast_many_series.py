@@ -5,7 +5,7 @@
 # MAGIC A job config with `task: forecast` trains one forecaster per series: every
 # MAGIC candidate (lag models such as LightGBM or Ridge, statsforecast models such as
 # MAGIC AutoETS or Croston) is backtested over rolling origins, measured against the
-# MAGIC series' naive forecasts, the mean of the best three is refitted on the whole
+# MAGIC series' naive forecasts, the best three (weighted) are refitted on the whole
 # MAGIC series, and one segmented model is registered. `raybricks.forecast` then writes
 # MAGIC the next `horizon` periods of every series with Spark.
 # MAGIC

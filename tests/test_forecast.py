@@ -181,11 +181,15 @@ def test_defaults_blend_local_candidates_and_selection_all_lets_the_baseline_com
     y = 50 + 10 * np.sin(2 * np.pi * t / 7)  # an exact weekly cycle: last week is perfect
     frame = series("cycle", y)
     plan = plan_for(frame, tmp_path)
-    assert (plan.selection, plan.ensemble, plan.top_k, plan.pool) == ("local_only", "mean",
-                                                                      3, [])
+    assert (plan.selection, plan.ensemble, plan.top_k, plan.pool) == (
+        "local_only", "weighted", 3, [])
     row, members = train_series(frame, ("cycle",), plan)
-    assert sorted(json.loads(row["chosen"])) == ["lgbm", "theta"]  # both, averaged
-    assert [m["weight"] for m in members] == [0.5, 0.5]
+    chosen = json.loads(row["chosen"])
+    assert sorted(chosen) == ["lgbm", "theta"]  # both, weighted by inverse error
+    errors = [row[f"{name}_mase"] for name in chosen]
+    weights = [m["weight"] for m in members]
+    assert sum(weights) == pytest.approx(1.0)
+    assert weights[0] / weights[1] == pytest.approx(errors[1] / errors[0])
     plan = plan_for(frame, tmp_path, selection="all", ensemble="best")
     row, members = train_series(frame, ("cycle",), plan)
     assert json.loads(row["chosen"]) == ["baseline"]

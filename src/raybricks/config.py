@@ -267,7 +267,7 @@ class CandidateConfig(StrictModel):
 
 class EnsembleConfig(StrictModel):
     """How a segment's candidates become its model: the best one, the mean of the top
-    ``top_k``, or a mean weighted by inverse validation error (default: ``mean`` for
+    ``top_k``, or a mean weighted by inverse validation error (default: ``weighted`` for
     task forecast, whose short backtests pick a winner noisily; ``best`` otherwise)."""
 
     method: Literal["best", "mean", "weighted"] | None = None
@@ -363,7 +363,7 @@ class JobConfig(StrictModel):
         if self.validation.method is None:
             self.validation.method = "backtest" if self.task == "forecast" else "holdout"
         if self.ensemble.method is None:
-            self.ensemble.method = "mean" if self.task == "forecast" else "best"
+            self.ensemble.method = "weighted" if self.task == "forecast" else "best"
         if (self.validation.method == "backtest") != (self.task == "forecast"):
             raise ValueError("validation.method=backtest is the validation of task forecast, "
                              "and task forecast validates by backtest only")
