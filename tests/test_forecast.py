@@ -23,7 +23,7 @@ from raybricks.data import to_ray_dataset
 from raybricks.errors import ConfigError, RaybricksError
 from raybricks.kinds.forecasting import conformal_offsets, interval_columns
 from raybricks.results import FAILED, SKIPPED, TRAINED
-from raybricks.scoring import forecast
+from raybricks.scoring import forecast, score
 from raybricks.segmented_model import SegmentModel
 from raybricks.training import train_segments
 from raybricks.training.forecast import scale, train_series, windows
@@ -450,3 +450,9 @@ def test_exogenous_columns_drive_the_forecast(ray_on_spark, spark, tmp_path):
         model.predict(future.iloc[[0, 2]])
     with pytest.raises(RaybricksError, match="needs their future values"):
         forecast("models:/tests.forecast.promo@champion", str(tmp_path / "x"), spark=spark)
+    # a model trained without forecast.intervals says so when asked for them
+    with pytest.raises(Exception, match="no prediction intervals"):
+        model.predict(future, params={"intervals": True})
+    with pytest.raises(RaybricksError, match="no prediction intervals"):
+        score("models:/tests.forecast.promo@champion", spark.createDataFrame(future),
+              str(tmp_path / "y"), spark=spark, intervals=True)

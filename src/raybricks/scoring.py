@@ -29,6 +29,7 @@ from raybricks.kinds.forecasting import interval_columns
 from raybricks.segmented_model import (
     CLASSIFICATION,
     MANIFEST,
+    NO_INTERVALS,
     library_version_problem,
     missing_columns,
     prediction_type,
@@ -115,8 +116,7 @@ def output_fields(manifest: dict, probabilities: bool, intervals: bool = False
     if intervals:
         levels = (manifest.get("forecast") or {}).get("intervals") or []
         if not levels:
-            raise RaybricksError("this model has no prediction intervals: train it with "
-                                 "forecast.intervals (levels such as [80, 95])")
+            raise RaybricksError(NO_INTERVALS)
         added += [(name, "double") for name in interval_columns(levels)]
     return added + [("model_version", "string"), ("segment_status", "string")]
 

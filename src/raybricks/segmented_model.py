@@ -203,6 +203,8 @@ INDEX = "index.parquet"
 FALLBACK = "fallback.parquet"
 MEMBER_COLUMNS = ("kind", "payload", "meta", "weight")
 DEFAULT_CACHE_SEGMENTS = 2048
+NO_INTERVALS = ("this model has no prediction intervals: train it with forecast.intervals "
+                "(levels such as [80, 95])")
 
 
 SHARDS = "models-*.parquet"  # every shard's file
@@ -341,8 +343,7 @@ class SegmentStore:
         status = np.empty(len(frame), dtype=object)
         levels = (self.manifest.get("forecast") or {}).get("intervals") or []
         if intervals and not levels:
-            raise ValueError("this model has no prediction intervals: train it with "
-                             "forecast.intervals (levels such as [80, 95])")
+            raise ValueError(NO_INTERVALS)
         outputs = Outputs(len(frame), self.task, self.manifest.get("classes"), probabilities,
                           levels if intervals else [])
         unscored = 0

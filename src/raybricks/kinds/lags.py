@@ -149,7 +149,7 @@ class LagsKind(ForecastKind):
             freq=spec["frequency"], lags=spec["lags"], lag_transforms=lag_transforms(spec),
             date_features=spec["date_features"] or None,
             target_transforms=target_transforms(spec))
-        direct = spec.get("strategy") == "direct"
+        direct = spec["strategy"] == "direct"
         return forecaster.fit(history.assign(**{ID: 0}), static_features=[],
                               keep_last_n=memory(spec), cache_train_df=False,
                               max_horizon=spec["horizon"] if direct else None)

@@ -32,6 +32,7 @@ from raybricks.training.segment import (
     Evaluation,
     Plan,
     Skip,
+    blended,
     key_row,
     member_row,
     result_for_error,
@@ -239,8 +240,7 @@ def intervals(chosen: list[tuple[Evaluation, float]], actual: np.ndarray, diviso
     offsets per bound and step from the backtest errors of its ensemble."""
     if not spec["intervals"]:
         return None
-    blend = sum(e.predictions * w for e, w in chosen)
-    errors = np.abs(actual - blend).reshape(spec["windows"], spec["horizon"]) * divisor
+    errors = np.abs(actual - blended(chosen)).reshape(spec["windows"], spec["horizon"]) * divisor
     return {"levels": spec["intervals"], "offsets": conformal_offsets(errors, spec["intervals"])}
 
 

@@ -685,6 +685,11 @@ def result_for_error(error: BaseException, plan: Plan, key: tuple, n_rows: int =
     return row
 
 
+def blended(chosen: list[tuple[Evaluation, float]]) -> np.ndarray:
+    """The ensemble's validation predictions: its members' weighted sum."""
+    return sum(e.predictions * w for e, w in chosen)
+
+
 def summarize(
     row: dict[str, Any], evaluations: list[Evaluation], y_valid: np.ndarray,
     baseline_predictions: np.ndarray, plan: Plan,
@@ -707,8 +712,7 @@ def summarize(
     if len(chosen) == 1:  # a single member (weight 1): the ensemble scores as it does
         row[f"metric_{plan.metric}"] = chosen[0][0].value
     else:
-        blend = sum(e.predictions * w for e, w in chosen)
-        row[f"metric_{plan.metric}"] = metric.score(y_valid, blend)
+        row[f"metric_{plan.metric}"] = metric.score(y_valid, blended(chosen))
     row["chosen"] = json.dumps([choice_label(e.candidate, plan) for e, _ in chosen])
     row["weights"] = json.dumps([round(w, 6) for _, w in chosen])
     return chosen
