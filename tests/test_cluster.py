@@ -18,6 +18,7 @@ from raybricks.cluster import (
     _check_executor_environment,
     disable_ray_token_auth,
     forwarded_env,
+    head_start_polled,
     ray_cluster,
     ray_on_spark_arguments,
     spark_capacity,
@@ -68,6 +69,36 @@ def test_mlflow_and_databricks_env_reach_ray_workers(ray_on_spark):
         return os.environ.get("MLFLOW_TRACKING_URI")
 
     assert ray.get(read_env.remote()) == os.environ["MLFLOW_TRACKING_URI"]
+
+
+def test_head_start_polls_the_port_within_ray_on_sparks_own_limit(monkeypatch):
+    import socket
+    import threading
+
+    from ray.util.spark import cluster_init
+
+    monkeypatch.setattr(cluster_init, "_RAY_HEAD_STARTUP_TIMEOUT", 3)
+    original = cluster_init.is_port_in_use
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    with socket.socket() as never_listening:
+        never_listening.bind(("127.0.0.1", 0))
+        closed_port = never_listening.getsockname()[1]
+    threading.Timer(0.5, listener.listen).start()  # the "head" answers after 0.5 s
+    with head_start_polled(interval=0.05):
+        assert cluster_init._RAY_HEAD_STARTUP_TIMEOUT == 0  # upstream's fixed sleep gone
+        start = time.monotonic()
+        assert cluster_init.is_port_in_use("127.0.0.1", port)
+        answered = time.monotonic() - start
+        start = time.monotonic()
+        assert not cluster_init.is_port_in_use("127.0.0.1", closed_port)
+        gave_up = time.monotonic() - start
+    listener.close()
+    assert 0.3 < answered < 2.5  # waited for the port, returned when it answered
+    assert gave_up >= 3  # a head that never answers still fails after Ray's own limit
+    assert cluster_init._RAY_HEAD_STARTUP_TIMEOUT == 3
+    assert cluster_init.is_port_in_use is original
 
 
 def test_forwarded_env_picks_mlflow_and_databricks_only(monkeypatch):
