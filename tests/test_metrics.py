@@ -92,6 +92,15 @@ def test_metric_beats_share_and_weights():
     assert auc.best([0.5, NAN, 0.9], lambda v: v) == 0.9
 
 
+def test_within_a_share_of_the_best_in_either_direction():
+    mae, r2, bias = metrics.metric("mae"), metrics.metric("r2"), metrics.metric("bias")
+    assert mae.within(1.1, 1.0, 0.1) and not mae.within(1.11, 1.0, 0.1)
+    assert mae.within(1.0, 1.0, 0.0) and mae.within(5.0, 0.0, 0.0) is False
+    assert r2.within(0.72, 0.8, 0.1) and not r2.within(0.71, 0.8, 0.1)  # larger is better
+    assert bias.within(-1.05, 1.0, 0.1) and not bias.within(1.2, -1.0, 0.1)  # by size
+    assert not mae.within(NAN, 1.0, 10.0) and not mae.within(1.0, NAN, 10.0)
+
+
 def test_metric_lookup_and_registry():
     assert metrics.metric("rmse") is metrics.METRICS["rmse"]
     assert metrics.metric(metrics.METRICS["f1"]) is metrics.METRICS["f1"]

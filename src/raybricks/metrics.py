@@ -157,6 +157,13 @@ class Metric:
         """The item with the best value (the first on ties; missing values rank last)."""
         return min(items, key=lambda item: self.loss(value(item)))
 
+    def within(self, value: float | None, best: float | None, share: float) -> bool:
+        """Whether ``value`` is at most ``share`` (0.1: 10%) worse than ``best``, relative
+        to the best's size (a missing value never is)."""
+        if _missing(value) or _missing(best):
+            return False
+        return self.loss(value) - self.loss(best) <= share * abs(self.loss(best)) + EPS
+
     def weights(self, values: Sequence[float | None]) -> list[float]:
         """Weights of a weighted ensemble, summing to one: proportional to the metric
         where larger is better, to its inverse where smaller is (clipped at ``EPS``; a

@@ -51,6 +51,7 @@ class Plan:
     candidates: list[CandidateConfig]
     ensemble: str
     top_k: int
+    within: float | None  # blend members at most this share worse than the best (None: any)
     refit: bool
     min_rows: int
     seed: int
@@ -115,7 +116,8 @@ def make_plan(config: JobConfig, schema: pa.Schema, threads: int = 1) -> Plan:
         metric=config.metric, method=config.validation.method,
         fraction=config.validation.fraction, folds=config.validation.folds,
         candidates=list(config.models), ensemble=config.ensemble.method,
-        top_k=config.ensemble.top_k, refit=config.refit, min_rows=config.min_rows,
+        top_k=config.ensemble.top_k, within=config.ensemble.within,
+        refit=config.refit, min_rows=config.min_rows,
         seed=config.seed, threads=threads, selection=config.selection,
         pool=competitors(config),
         serve_skipped=config.selection == "all" and config.fallback != "global",
@@ -154,7 +156,8 @@ def forecast_plan(config: JobConfig, schema: pa.Schema, threads: int) -> Plan:
         time_column=config.time_column, task=config.task, metric=config.metric,
         method="backtest", fraction=0.0, folds=spec["windows"],
         candidates=list(config.models), ensemble=config.ensemble.method,
-        top_k=config.ensemble.top_k, refit=True, min_rows=config.min_rows, seed=config.seed,
+        top_k=config.ensemble.top_k, within=config.ensemble.within,
+        refit=True, min_rows=config.min_rows, seed=config.seed,
         threads=threads, selection=config.selection,
         pool=forecast.baselines(spec) if config.selection == "all" else [],
         serve_skipped=True, large_segment_rows=0, forecast=spec,
@@ -585,7 +588,8 @@ def choose(evaluations: list[Evaluation], plan: Plan) -> list[tuple[Evaluation, 
         return []
     if plan.ensemble == "best":
         return [(ok[0], 1.0)]
-    top = ok[: plan.top_k]
+    top = [e for e in ok[: plan.top_k] if plan.within is None
+           or metric.within(e.value, ok[0].value, plan.within)]
     if plan.ensemble == "mean":
         return [(e, 1.0 / len(top)) for e in top]
     weights = metric.weights([e.value for e in top])
