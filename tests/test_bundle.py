@@ -384,9 +384,14 @@ def test_training_cluster_runs_ray_on_spark_like_submit(bundle, job):
 # --------------------------------------------------------------------------- job configs
 
 
-def test_every_job_config_loads_and_the_task_types_are_covered():
+def test_every_job_config_loads_and_the_task_types_are_covered(capsys):
+    from raybricks.cli import main
+
     tasks = {}
     for path in sorted((REPO / "jobs").glob("*.yml")):
         config = JobConfig.load(path)
         tasks.setdefault(config.task, []).append(path.name)
+        # as a bundle's CI would check it: the config and its estimators, no source
+        assert main(["validate", "--config", str(path), "--no-source"]) == 0, path
+        assert "config valid" in capsys.readouterr().out
     assert set(tasks) == {"regression", "binary", "multiclass", "forecast"}, tasks

@@ -217,6 +217,13 @@ def test_conformal_offsets_are_statsforecasts_conformal_distribution():
     assert columns == ["lo_95", "lo_80", "hi_80", "hi_95"]
     for name, row in zip(columns, offsets, strict=True):
         np.testing.assert_allclose(row, expected[name.replace("_", "-")], rtol=1e-12)
+    # with neighbours, step s is calibrated on the errors of steps s-2..s+2 as one step
+    pooled = conformal_offsets(errors, levels, neighbours=2)
+    for step in (0, 3, HORIZON - 1):
+        window = errors[:, max(step - 2, 0):step + 3].reshape(-1, 1)
+        alone = np.asarray(conformal_offsets(window, levels))[:, 0]
+        np.testing.assert_allclose(np.asarray(pooled)[:, step], alone, rtol=1e-12)
+    assert np.ptp(np.asarray(pooled)[3, :]) < np.ptp(np.asarray(offsets)[3, :])  # smoother
 
 
 def test_direct_strategy_is_mlforecasts_one_model_per_step(tmp_path):

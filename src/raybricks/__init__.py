@@ -5,7 +5,7 @@ from raybricks.config import ClusterConfig, JobConfig
 from raybricks.data import SegmentedDataset, to_ray_dataset
 from raybricks.errors import ClusterError, ConfigError, DataError, RaybricksError, SetupError
 from raybricks.flights_demo import run as demo
-from raybricks.pipeline import TrainingReport, train
+from raybricks.pipeline import TrainingReport, Validation, train, validate
 from raybricks.scoring import ScoreSummary, forecast, score
 from raybricks.session import local_spark_session
 from raybricks.tracking import Publication, RegistryError, publish, register_run
@@ -40,4 +40,6 @@ __all__ = [
     "train_segments",
     "TrainingReport",
     "TrainingResult",
+    "Validation",
+    "validate",
 ]

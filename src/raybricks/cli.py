@@ -1,4 +1,4 @@
-"""The ``raybricks`` command: ``train | score | forecast | demo | submit``.
+"""The ``raybricks`` command: ``train | validate | score | forecast | demo | submit``.
 
 Each verb is a pair: a function that adds its arguments and one that runs it; errors
 that are the user's to fix (RaybricksError) print one message and exit 2.
@@ -27,6 +27,28 @@ def run_train(args: argparse.Namespace) -> int:
     if report.publication is not None:
         print(report.publication.describe())
     return 1 if report.result.counts()["trained"] == 0 else 0
+
+
+def add_validate_arguments(parser: argparse.ArgumentParser) -> None:
+    add_train_arguments(parser)
+    parser.add_argument("--no-source", action="store_true",
+                        help="check the config only (no Spark, no source)")
+    parser.add_argument("--require-source", action="store_true",
+                        help="exit 3 when the source cannot be read from here")
+
+
+#: ``raybricks validate``'s exit code when the source cannot be read and
+#: ``--require-source`` asks for it (0: valid; 2: invalid, as every verb's user errors).
+SOURCE_NOT_CHECKED = 3
+
+
+def run_validate(args: argparse.Namespace) -> int:
+    from raybricks.config import JobConfig
+    from raybricks.pipeline import validate
+
+    found = validate(JobConfig.load(args.config, args.set), source=not args.no_source)
+    print(found.describe())
+    return SOURCE_NOT_CHECKED if args.require_source and found.source_columns is None else 0
 
 
 def add_score_arguments(parser: argparse.ArgumentParser) -> None:
@@ -99,6 +121,8 @@ def run_submit(args: argparse.Namespace) -> int:
 
 VERBS = {
     "train": ("train every segment as a job config says", add_train_arguments, run_train),
+    "validate": ("check a job config, and its source where reachable, without Ray",
+                 add_validate_arguments, run_validate),
     "score": ("score a table with a registered model", add_score_arguments, run_score),
     "forecast": ("forecast every segment of a registered forecasting model",
                  add_forecast_arguments, run_forecast),

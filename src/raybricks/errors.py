@@ -23,3 +23,7 @@ class DataError(RaybricksError, ValueError):
 
 class WorkspaceError(RaybricksError):
     """A Databricks workspace call failed (not found, refused, timed out, server error)."""
+
+
+class SourceNotFound(DataError):
+    """The source table or path does not exist (or is not reachable from here)."""

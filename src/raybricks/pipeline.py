@@ -20,7 +20,7 @@ from raybricks.cluster import ray_cluster, spark_session
 from raybricks.compat import arrow_schema
 from raybricks.config import JobConfig
 from raybricks.data import count_segments, select_and_filter, to_ray_dataset
-from raybricks.errors import DataError, RaybricksError
+from raybricks.errors import DataError, RaybricksError, SourceNotFound
 from raybricks.sources import read_source
 from raybricks.training import TrainingResult, train_segments
 from raybricks.training.segment import make_plan
@@ -52,6 +52,71 @@ def check_target(df: DataFrame, target: str, where: str | None) -> None:
             f"target {target!r} is null (or NaN / infinite) in every {rows}: nothing to "
             "train on; check the target column name and the source"
         )
+
+
+def check_job(config: JobConfig, *, register: bool = True) -> None:
+    """What needs neither Ray nor the data: every candidate's kind can build its model
+    (its library imports, its parameters are accepted) and the registry name fits the
+    registry."""
+    from raybricks import tracking
+
+    for candidate in config.models:
+        kinds.of(candidate, forecast=config.task == "forecast").check()
+    if register:
+        tracking.check_registry_name(config, tracking.tracking_target().registry_uri)
+
+
+def checked_source(config: JobConfig, source: DataFrame) -> DataFrame:
+    """The source as training reads it (its columns, ``where`` applied), once its columns
+    and types fit the config and its target is not missing in every row."""
+    features = config.features or (config.forecast.exogenous if config.forecast else None)
+    columns = list(dict.fromkeys(
+        (features or []) + [config.target]
+        + ([config.time_column] if config.time_column else [])
+    )) if features is not None else None
+    df = select_and_filter(source, config.segment_by, columns, config.source.where)
+    make_plan(config, arrow_schema(df.schema))  # column and type errors
+    check_target(df, config.target, config.source.where)
+    return df
+
+
+@dataclass(frozen=True)
+class Validation:
+    """What ``validate`` found: the config (with its defaults resolved) is valid, and the
+    source was checked (``source_columns``) or why not (``unchecked``)."""
+
+    config: JobConfig
+    source_columns: list[str] | None
+    unchecked: str | None = None
+
+    def describe(self) -> str:
+        config = self.config
+        lines = [f"config valid: task {config.task}, segments by {config.segment_by}, "
+                 f"{len(config.models)} candidate(s): "
+                 + ", ".join(f"{m.name} ({m.kind})" for m in config.models)]
+        if self.source_columns is not None:
+            lines.append(f"source valid: {len(self.source_columns)} column(s) as training "
+                         f"reads them: {', '.join(self.source_columns)}")
+        else:
+            lines.append(f"source not checked: {self.unchecked}")
+        return "\n".join(lines)
+
+
+def validate(config: JobConfig, spark: SparkSession | None = None, *, source: bool = True
+             ) -> Validation:
+    """Every check ``train`` makes before Ray starts, without starting Ray: the kinds,
+    the registry name and (``source``) the source's columns, types and target where the
+    source can be read from here. Raises ConfigError or DataError for what is wrong; a
+    source that cannot be found is reported in the result, not raised."""
+    check_job(config)
+    if not source:
+        return Validation(config, None, "not asked to (--no-source)")
+    spark = spark or spark_session()
+    try:
+        found = read_source(config.source, spark)
+    except SourceNotFound as exc:
+        return Validation(config, None, str(exc))
+    return Validation(config, checked_source(config, found).columns)
 
 
 def reconcile(result: TrainingResult, source_segments: int) -> dict[str, int]:
@@ -96,26 +161,12 @@ def train(
 ) -> TrainingReport:
     """Train every segment of the configured source, then (``register``) log one MLflow
     run and register the model; the report says what each stage did."""
-    from raybricks import tracking
 
     timings: dict[str, float] = {}
     start = time.perf_counter()
-    for candidate in config.models:
-        kinds.of(candidate, forecast=config.task == "forecast").check()
-    if register:
-        tracking.check_registry_name(config, tracking.configure_tracking().registry_uri)
+    check_job(config, register=register)
     spark = spark or spark_session()
-    features = config.features or (config.forecast.exogenous if config.forecast else None)
-    columns = list(dict.fromkeys(
-        (features or []) + [config.target]
-        + ([config.time_column] if config.time_column else [])
-    )) if features is not None else None
-    df = select_and_filter(
-        read_source(config.source, spark), config.segment_by, columns, config.source.where
-    )
-    # column and type errors, before Ray
-    make_plan(config, arrow_schema(df.schema))
-    check_target(df, config.target, config.source.where)
+    df = checked_source(config, read_source(config.source, spark))
     timings["checks"] = time.perf_counter() - start
     with ray_cluster(config.cluster, spark):
         timings["cluster"] = time.perf_counter() - start - sum(timings.values())

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from raybricks.config import SourceConfig
-from raybricks.errors import DataError
+from raybricks.errors import DataError, SourceNotFound
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -49,7 +49,7 @@ def _read_table(name: str, spark: SparkSession | None) -> DataFrame:
     try:
         return spark.table(name)
     except AnalysisException as exc:
-        raise DataError(
+        raise SourceNotFound(
             f"table {name!r} not found ({_first_line(exc)}): check the name "
             "(catalog.schema.table) and that it exists, e.g. with SHOW TABLES"
         ) from exc
@@ -70,7 +70,7 @@ def _read_files(source: SourceConfig, spark: SparkSession | None) -> DataFrame:
     try:
         return reader.load(source.path)
     except AnalysisException as exc:
-        raise DataError(
+        raise SourceNotFound(
             f"cannot read {source.format} at source.path={source.path!r}: "
             f"{str(exc).splitlines()[0]}"
         ) from exc

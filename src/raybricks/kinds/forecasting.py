@@ -67,15 +67,27 @@ def interval_columns(levels: list[float]) -> list[str]:
     return [f"lo_{name}" for name in reversed(names)] + [f"hi_{name}" for name in names]
 
 
-def conformal_offsets(errors: np.ndarray, levels: list[float]) -> list[list[float]]:
+def conformal_offsets(errors: np.ndarray, levels: list[float], neighbours: int = 0
+                      ) -> list[list[float]]:
     """Conformal interval bounds around a forecast, per step, from ``errors`` (windows x
     horizon absolute errors of backtest forecasts): statsforecast's and mlforecast's
     ``conformal_distribution`` method (quantiles of the forecast plus and minus each
-    window's error), as offsets in ``interval_columns`` order."""
-    spread = np.vstack([-errors, errors])
+    window's error), as offsets in ``interval_columns`` order. ``neighbours``: each
+    step's quantiles also take the errors of the steps up to that many before and after
+    it (0: that step's own only, as statsforecast does)."""
+    horizon = errors.shape[1]
+    pooled = [errors[:, max(step - neighbours, 0):step + neighbours + 1].ravel()
+              for step in range(horizon)]
     cuts = [(100 - level) / 200 for level in reversed(levels)]
     cuts += [1 - (100 - level) / 200 for level in levels]
-    return np.quantile(spread, cuts, axis=0).tolist()
+    return np.stack([np.quantile(np.concatenate([-e, e]), cuts) for e in pooled],
+                    axis=1).tolist()
+
+
+def interval_neighbours(horizon: int) -> int:
+    """The steps around each step whose backtest errors calibrate its interval: a
+    quarter of the horizon each side (a few windows give too few errors per step)."""
+    return horizon // 4
 
 
 def interval_bounds(point: np.ndarray, features: pd.DataFrame, meta: dict[str, Any],

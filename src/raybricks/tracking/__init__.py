@@ -18,6 +18,7 @@ from raybricks.tracking.target import (
     check_registry_name,
     configure_tracking,
     experiment_id,
+    tracking_target,
 )
 
 __all__ = [
@@ -29,4 +30,5 @@ __all__ = [
     "experiment_id",
     "publish",
     "register_run",
+    "tracking_target",
 ]

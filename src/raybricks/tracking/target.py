@@ -21,13 +21,25 @@ class TrackingTarget:
 
 
 def configure_tracking() -> TrackingTarget:
-    """Honour MLFLOW_TRACKING_URI / MLFLOW_REGISTRY_URI; else the Databricks workspace
-    and Unity Catalog inside Databricks, else ``sqlite:///./mlflow.db`` + ``./mlruns``."""
+    """Point MLflow at ``tracking_target()`` (creating a local SQLite store's tables)."""
     import mlflow
 
     # the model's requirements are exactly model_requirements(): no project lock files
     os.environ.setdefault("MLFLOW_LOG_UV_FILES", "false")
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    target = tracking_target()
+    mlflow.set_tracking_uri(target.tracking_uri)
+    mlflow.set_registry_uri(target.registry_uri)
+    for uri in dict.fromkeys((target.tracking_uri, target.registry_uri)):
+        if uri.startswith("sqlite:///"):
+            create_sqlite_store(uri)
+    return target
+
+
+def tracking_target() -> TrackingTarget:
+    """Where MLflow points, touching nothing: MLFLOW_TRACKING_URI / MLFLOW_REGISTRY_URI;
+    else the Databricks workspace and Unity Catalog inside Databricks, else
+    ``sqlite:///./mlflow.db`` + ``./mlruns``."""
     artifacts = None
     if os.environ.get("MLFLOW_TRACKING_URI"):
         tracking = os.environ["MLFLOW_TRACKING_URI"]
@@ -39,11 +51,6 @@ def configure_tracking() -> TrackingTarget:
     registry = os.environ.get("MLFLOW_REGISTRY_URI") or (
         "databricks-uc" if tracking == "databricks" else tracking
     )
-    mlflow.set_tracking_uri(tracking)
-    mlflow.set_registry_uri(registry)
-    for uri in dict.fromkeys((tracking, registry)):
-        if uri.startswith("sqlite:///"):
-            create_sqlite_store(uri)
     return TrackingTarget(tracking, registry, artifacts)
 
 

@@ -23,6 +23,7 @@ from raybricks.kinds.forecasting import (
     TIME,
     conformal_offsets,
     future_times,
+    interval_neighbours,
     times_of,
 )
 from raybricks.kinds.lags import memory
@@ -241,7 +242,8 @@ def intervals(chosen: list[tuple[Evaluation, float]], actual: np.ndarray, diviso
     if not spec["intervals"]:
         return None
     errors = np.abs(actual - blended(chosen)).reshape(spec["windows"], spec["horizon"]) * divisor
-    return {"levels": spec["intervals"], "offsets": conformal_offsets(errors, spec["intervals"])}
+    offsets = conformal_offsets(errors, spec["intervals"], interval_neighbours(spec["horizon"]))
+    return {"levels": spec["intervals"], "offsets": offsets}
 
 
 def member_meta(series: Series, plan: Plan, bounds: dict[str, Any] | None = None
