@@ -149,3 +149,63 @@ def test_score_reports_other_library_versions_once_on_the_driver(
     assert f"mlflow.pyfunc.get_model_dependencies({model!r})" in line
     assert "Trying to unpickle estimator" not in done.stderr  # the tasks stayed quiet
     assert len(pd.read_parquet(tmp_path / "out.parquet")) == len(scoring_input())
+
+
+def test_integer_features_with_nulls_score_with_plain_mlflow_and_spark_udf(
+        ray_on_spark, spark, tmp_path_factory, tmp_path):
+    import mlflow
+    from mlflow.types.schema import AnyType
+
+    from raybricks import tracking
+    from raybricks.data import to_ray_dataset
+    from raybricks.segmented_model import SegmentModel
+    from raybricks.training import train_segments
+    from tests.test_registry import BLOCK_RAYBRICKS
+    from tests.test_training import CANDIDATES
+
+    data = helpers.shops().assign(units=lambda f: (3 * f.x1).round().fillna(0).astype("int64"))
+    data = data[data.store.str.match(r"s\d")].reset_index(drop=True)
+    name = "tests.nullable.model"
+    config = job(tmp_path_factory.mktemp("runs"), features=["x1", "x2", "color", "units"],
+                 models=CANDIDATES[2:], registry={"name": name, "promote": "always"})
+    result = train_segments(to_ray_dataset(spark.createDataFrame(data), ["store"]), config)
+    tracking.publish(result, config)
+    uri = f"models:/{name}@champion"
+    declared = {spec.name: spec.type for spec in
+                mlflow.models.get_model_info(uri).signature.inputs.inputs}
+    assert isinstance(declared["units"], AnyType)  # an integer feature: any number or null
+    assert (declared["x1"].name, declared["store"].name) == ("double", "string")
+    frame = data.drop(columns=["y", "day"]).iloc[::4].reset_index(drop=True)
+    missing = (frame.index % 3 == 0)
+    nullable = frame.astype({"units": "Int64"})
+    nullable.loc[missing, "units"] = pd.NA
+    forms = {"int64": frame, "Int64": nullable, "float64": nullable.astype({"units": float})}
+    for form, rows in forms.items():
+        rows.to_parquet(tmp_path / f"{form}.parquet")
+    code = BLOCK_RAYBRICKS + f"""
+import mlflow, pandas as pd
+model = mlflow.pyfunc.load_model({uri!r})
+for form in {list(forms)!r}:
+    rows = pd.read_parquet(f"{tmp_path}/{{form}}.parquet")
+    assert str(rows.units.dtype) == form, rows.units.dtype
+    model.predict(rows).to_frame().to_parquet(f"{tmp_path}/out_{{form}}.parquet")
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = {form: pd.read_parquet(tmp_path / f"out_{form}.parquet").prediction.to_numpy()
+           for form in forms}
+    models = result.models().to_pandas()
+    for store, rows in frame.groupby("store"):  # int64 rows: what the members predict
+        member = SegmentModel.from_rows(models[models.store == store].to_dict("records"))
+        np.testing.assert_allclose(out["int64"][rows.index], member.predict(rows), rtol=1e-9)
+    np.testing.assert_array_equal(out["Int64"], out["float64"])  # a null is NaN either way
+    np.testing.assert_allclose(out["Int64"][~missing], out["int64"][~missing], rtol=1e-12)
+    assert np.isfinite(out["Int64"]).all()
+    # spark_udf: a LongType column with nulls
+    df = spark.read.parquet(str(tmp_path / "Int64.parquet"))
+    assert df.schema["units"].dataType.simpleString() == "bigint"
+    udf = mlflow.pyfunc.spark_udf(spark, uri, result_type="double", env_manager="local")
+    scored = df.withColumn("prediction", udf("store", "x1", "x2", "color", "units"))
+    np.testing.assert_allclose(scored.toPandas().prediction.to_numpy(), out["Int64"],
+                               rtol=1e-9)

@@ -38,16 +38,30 @@ def model_requirements(libraries: Iterable[str]) -> list[str]:
 
 
 def signature_for(store: SegmentStore, example: pd.DataFrame):
-    """Inputs: segment columns and features (types from the example); output: the
-    prediction; params: ``probabilities``, ``intervals``."""
+    """Inputs: segment columns and features (types from the example; integer features
+    as ``Any``, see ``nullable_integers``); output: the prediction; params:
+    ``probabilities``, ``intervals``."""
     from mlflow.models import ModelSignature, infer_signature
     from mlflow.types import ColSpec, ParamSchema, ParamSpec, Schema
+    from mlflow.types.schema import AnyType
 
-    inputs = infer_signature(example[store.segment_by + store.features]).inputs
+    columns = example[store.segment_by + store.features]
+    integers = nullable_integers(columns, store.features)
+    inferred = infer_signature(columns.astype({c: "float64" for c in integers})).inputs
+    inputs = Schema([ColSpec(AnyType(), spec.name) if spec.name in integers else spec
+                     for spec in inferred.inputs])
     outputs = Schema([ColSpec(prediction_type(store.manifest), "prediction")])
     params = ParamSchema([ParamSpec("probabilities", "boolean", False),
                           ParamSpec("intervals", "boolean", False)])
     return ModelSignature(inputs, outputs, params)
+
+
+def nullable_integers(example: pd.DataFrame, features: list[str]) -> list[str]:
+    """The integer features, declared ``Any`` in the signature: MLflow refuses nulls in a
+    ``long`` column (pandas holds them as float64 or ``Int64``) and refuses int64 in a
+    ``double`` one, so no one type lets consumers send both; the model reads any number
+    (missing as NaN) itself."""
+    return [c for c in features if pd.api.types.is_integer_dtype(example[c].dtype)]
 
 
 def log_segmented_model(packaged: Packaged, example: pd.DataFrame | None, name: str):

@@ -374,7 +374,7 @@ def train_segments(
         train_large_segments(refs, large, plan, config, run_dir)
     fallback = _run_fallback(refs, global_plan, config, segmented.num_rows, run_dir)
     segments = read_parts(run_dir / "results").to_pandas()
-    example = input_example(refs, bounds, segments, plan)
+    example = input_example(refs, bounds, segments, plan, segmented.schema)
     result = TrainingResult(run_id, run_dir, plan.segment_by, plan.metric, segments,
                             fallback, time.perf_counter() - start, task=plan.task,
                             features=plan.features, example=example,
@@ -399,8 +399,10 @@ def series_end(refs, time_column: str) -> Any:
     return str(max(ends)) if ends and not isinstance(ends[0], int) else max(ends, default=None)
 
 
-def input_example(refs, bounds, segments: pd.DataFrame, plan: Plan) -> pd.DataFrame | None:
-    """A few input rows (segment columns and features) of a trained segment, if any."""
+def input_example(refs, bounds, segments: pd.DataFrame, plan: Plan, schema: pa.Schema
+                  ) -> pd.DataFrame | None:
+    """A few input rows (segment columns and features) of a trained segment, if any;
+    integer columns stay integers (pandas ``Int64``) where some value is missing."""
     import ray
 
     trained = segments[segments.status == TRAINED]
@@ -411,7 +413,9 @@ def input_example(refs, bounds, segments: pd.DataFrame, plan: Plan) -> pd.DataFr
             rows = segment_rows(ray.get(ref), plan, key)
             if plan.forecast:  # the periods after the series' history
                 return future_example(rows, plan)
-            return rows[plan.segment_by + plan.features].head(5).reset_index(drop=True)
+            rows = rows[plan.segment_by + plan.features].head(5).reset_index(drop=True)
+            return rows.astype({field.name: "Int64" for field in schema
+                                if field.name in plan.features and pa.types.is_integer(field.type)})
     return None
 
 
