@@ -9,7 +9,7 @@ STAMP := $(VENV)/.synced
 
 RUNTIMES := dbr-15.4 dbr-16.4 dbr-17.3
 
-.PHONY: setup test demo lint bench clean test-runtimes $(addprefix test-,$(RUNTIMES)) \
+.PHONY: setup test demo ui-check lint bench clean test-runtimes $(addprefix test-,$(RUNTIMES)) \
 	$(addprefix setup-,$(RUNTIMES)) runtimes-table
 
 setup: $(STAMP)
@@ -29,6 +29,11 @@ test: setup
 
 demo: setup
 	$(VENV)/bin/raybricks demo
+
+# After `make demo`: the MLflow UI on the demo's store, its run page opened in headless
+# Chromium (Debian: apt-get install chromium), checked and screenshotted to docs/images.
+ui-check: setup
+	$(VENV)/bin/python scripts/ui_check.py
 
 lint: setup
 	$(VENV)/bin/ruff check .

@@ -161,7 +161,6 @@ def train(
 ) -> TrainingReport:
     """Train every segment of the configured source, then (``register``) log one MLflow
     run and register the model; the report says what each stage did."""
-
     timings: dict[str, float] = {}
     start = time.perf_counter()
     check_job(config, register=register)
