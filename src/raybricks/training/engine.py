@@ -402,7 +402,8 @@ def series_end(refs, time_column: str) -> Any:
 def input_example(refs, bounds, segments: pd.DataFrame, plan: Plan, schema: pa.Schema
                   ) -> pd.DataFrame | None:
     """A few input rows (segment columns and features) of a trained segment, if any;
-    integer columns stay integers (pandas ``Int64``) where some value is missing."""
+    integer features as pandas ``Int64``, which keeps them integers where a value is
+    missing (not yet for task forecast's future rows)."""
     import ray
 
     trained = segments[segments.status == TRAINED]
