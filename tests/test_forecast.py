@@ -86,7 +86,14 @@ def plan_for(frame: pd.DataFrame, tmp_path, **changes):
     ({"time_column": None}, "needs time_column"),
     ({"validation": {"method": "holdout"}}, "validates by backtest only"),
     ({"features": ["x"]}, "forecast.exogenous"),
-    ({"fallback": "global"}, "fallback: global is not available"),
+    ({"fallback": "global", "models": MODELS[1:]}, "needs a candidate of a table kind"),
+    ({"forecast": {"horizon": 7, "frequency": "D", "static": ["kind"]}},
+     "set fallback: global"),
+    ({"global_segment_features": True}, "set fallback: global"),
+    ({"forecast": {"horizon": 7, "frequency": "D", "static": ["store"]},
+      "fallback": "global"}, "the target, the time column or segment columns"),
+    ({"forecast": {"horizon": 7, "frequency": "D", "static": ["x"], "exogenous": ["x"]},
+      "fallback": "global"}, "both as forecast.exogenous"),
     ({"forecast": {"horizon": 7, "frequency": "fortnightly"}}, "not a pandas frequency"),
     ({"forecast": {"horizon": 7, "frequency": 1, "date_features": ["month"]}},
      "need a date time column"),
@@ -476,3 +483,92 @@ def test_exogenous_columns_drive_the_forecast(ray_on_spark, spark, tmp_path):
     with pytest.raises(RaybricksError, match="no prediction intervals"):
         score("models:/tests.forecast.promo@champion", spark.createDataFrame(future),
               str(tmp_path / "y"), spark=spark, intervals=True)
+
+
+def typed_stores(seed: int = 5) -> pd.DataFrame:
+    """Short noisy series whose weekly pattern is set by their store ``type`` (a static
+    string): one series alone shows it poorly, all series of a type show it well."""
+    rng = np.random.default_rng(seed)
+    patterns = {"mall": np.array([0, 0, 0, 0, 6, 12, 9.0]),
+                "street": np.array([8, 7, 6, 5, 4, 0, 0.0])}
+    frames = []
+    for s in range(24):
+        kind = "mall" if s % 2 else "street"
+        t = np.arange(56)
+        values = 20 + s + patterns[kind][t % 7] + rng.normal(scale=3, size=len(t))
+        frames.append(series(f"s{s}", values, type=kind, area=float(s % 3)))
+    return pd.concat(frames, ignore_index=True)
+
+
+def test_global_model_learns_across_series_from_static_columns(ray_on_spark, spark,
+                                                                tmp_path):
+    data = typed_stores()
+    lgbm = {"name": "lgbm", "kind": "lightgbm",
+            "params": {"n_estimators": 60, "num_leaves": 7, "min_child_samples": 5}}
+    config = forecast_job(
+        tmp_path, models=[lgbm, MODELS[1]], fallback="global", min_rows=20,
+        forecast={"horizon": HORIZON, "frequency": "D", "lags": [1, 7],
+                  "date_features": ["dayofweek"], "transform": "standardize",
+                  "static": ["type", "area"]},
+        registry={"name": "tests.forecast.global"})
+    result = train_segments(to_ray_dataset(spark.createDataFrame(data), ["store"]), config)
+    segments = result.segments
+    assert (segments.status == TRAINED).all(), segments.reason
+    # the global model is backtested in every series, like a candidate, and learns the
+    # pattern a short noisy series shows poorly
+    assert segments.global_mase.notna().all()
+    assert segments.global_mase.median() < segments.lgbm_mase.median()
+    assert segments.global_mase.median() < segments.theta_mase.median()
+    assert segments.chosen.map(lambda c: "global" in json.loads(c)).mean() >= 0.5
+    tracking.publish(result, config)
+    # the registered model forecasts with the stored global model from each series'
+    # history: a mall's weekend peak, a street store's weekday high
+    last = data.day.max()
+    days = pd.date_range(last + pd.Timedelta(days=1), periods=HORIZON)
+    frame = pd.DataFrame([{"store": store, "day": day} for store in ("s1", "s2", "s3")
+                          for day in days])
+    predicted = predict_without_raybricks("models:/tests.forecast.global@champion", frame,
+                                          tmp_path).prediction.to_numpy()
+    models = result.models().to_pandas()
+    fallback = SegmentModel.from_rows(result.fallback)
+    for store in ("s1", "s2", "s3"):
+        mask = (frame.store == store).to_numpy()
+        members = models[models.store == store].to_dict("records")
+        expected = SegmentModel.from_rows(members, fallback).predict(frame[mask])
+        np.testing.assert_allclose(predicted[mask], expected, rtol=1e-9)
+    weekend = frame.day.dt.dayofweek.isin([5, 6]).to_numpy()
+    mall, street = (frame.store == "s1").to_numpy(), (frame.store == "s2").to_numpy()
+    assert predicted[mall & weekend].mean() > predicted[mall & ~weekend].mean() + 3
+    assert predicted[street & weekend].mean() < predicted[street & ~weekend].mean() - 3
+    # the static string is the global model's feature: a mall's history with the other
+    # type forecasts another week
+    chosen = models[(models.store == "s1") & (models.kind == "global")]
+    member = SegmentModel.from_rows(chosen.to_dict("records"), fallback).members[0][0]
+    assert set(member.model["type"]) == {"mall"}
+    as_street = member.model.assign(type="street")
+    again = member.kind.continue_series(as_street, fallback.members[0][0],
+                                        frame[mall].assign(day=frame.day[mall]),
+                                        member.meta)
+    assert again[weekend[mall]].mean() < predicted[mall & weekend].mean() - 3
+    # raybricks forecast serves every series, those that chose the global model too
+    summary = forecast("models:/tests.forecast.global@champion", str(tmp_path / "out"),
+                       spark=spark)
+    written = pd.read_parquet(tmp_path / "out")
+    assert summary.rows == len(written) == HORIZON * data.store.nunique()
+    assert written.prediction.notna().all()
+
+
+def test_a_global_model_that_cannot_fit_says_why(tmp_path):
+    from raybricks.training.global_forecast import fit_global
+
+    data = typed_stores()
+    config = forecast_job(tmp_path, fallback="global", min_rows=20,
+                          forecast={"horizon": HORIZON, "frequency": "D", "static": ["type"]})
+    plan = plan_for(data, tmp_path, fallback="global", min_rows=20,
+                    forecast={"horizon": HORIZON, "frequency": "D", "static": ["type"]})
+    assert fit_global(config.models[0], plan) == (
+        [], "no series could be trained (every one was skipped)")
+    two_rows = pd.DataFrame({"unique_id": "a", "ds": [START, START + pd.Timedelta(days=1)],
+                             "y": [1.0, 2.0], "type": "mall"})
+    models, error = fit_global(config.models[0], plan, two_rows)
+    assert models == [] and error

@@ -135,7 +135,9 @@ class ForecastConfig(StrictModel):
     ``intervals``: levels (percent) of conformal prediction intervals, from the backtest's
     errors of each series' ensemble; ``strategy``: how lag models reach the horizon
     (``recursive``: one model, each forecast feeding the next step's lags; ``direct``:
-    mlforecast's one model per step, forecasts up to the horizon only).
+    mlforecast's one model per step, forecasts up to the horizon only). ``static``:
+    columns describing a series as a whole (store type, region; numbers or strings),
+    features of the global model (``fallback: global``), which learns across series.
     """
 
     horizon: PositiveInt
@@ -147,7 +149,8 @@ class ForecastConfig(StrictModel):
     rolling_lag: PositiveInt = 1
     date_features: list[str] = Field(default_factory=list)
     exogenous: list[str] = Field(default_factory=list)
-    transform: Literal["none", "difference", "log1p"] = "none"
+    static: list[str] = Field(default_factory=list)
+    transform: Literal["none", "difference", "log1p", "standardize"] = "none"
     gaps: Literal["skip", "zero", "forward"] = "skip"
     intervals: list[float] = Field(default_factory=list)
     strategy: Literal["recursive", "direct"] = "recursive"
@@ -447,15 +450,26 @@ def check_forecast(self: JobConfig) -> None:
     if self.features is not None:
         raise ValueError("task forecast builds its own features: list columns known in "
                          "the future under forecast.exogenous instead of features")
-    if self.fallback == "global":
-        raise ValueError("fallback: global is not available for task forecast: series "
-                         "without a model are served by their naive forecast")
-    taken = {self.target, self.time_column, *self.segment_by} & set(self.forecast.exogenous)
-    if taken:
-        raise ValueError(f"forecast.exogenous lists {sorted(taken)}, which are the target, "
-                         "the time column or segment columns")
-    for model in self.models:
-        kinds.forecaster_kind(model.kind)  # ValueError: this kind cannot forecast
+    for section in ("exogenous", "static"):
+        listed = getattr(self.forecast, section)
+        taken = {self.target, self.time_column, *self.segment_by} & set(listed)
+        if taken:
+            raise ValueError(f"forecast.{section} lists {sorted(taken)}, which are the "
+                             "target, the time column or segment columns")
+    both = set(self.forecast.exogenous) & set(self.forecast.static)
+    if both:
+        raise ValueError(f"{sorted(both)} are listed both as forecast.exogenous (values "
+                         "change over time) and forecast.static (one value per series)")
+    lag_models = [model for model in self.models
+                  if issubclass(kinds.forecaster_kind(model.kind), kinds.lags.LagsKind)]
+    if self.fallback == "global" and not lag_models:
+        raise ValueError("fallback: global for task forecast needs a candidate of a table "
+                         "kind (lightgbm, xgboost, sklearn or catboost): the global model is "
+                         "one lag model over every series, fitted as the first such candidate")
+    if self.fallback != "global" and (self.forecast.static or self.global_segment_features):
+        raise ValueError("forecast.static and global_segment_features are features of the "
+                         "global model, which learns across series (a series' own models "
+                         "see one value): set fallback: global")
     if self.refit is False:
         raise ValueError("task forecast refits every member on the whole series: "
                          "refit: false is not available")

@@ -169,6 +169,10 @@ class SegmentModel:
             return member.predict(frame)
         if self.fallback is None:
             raise ValueError("a member uses the global model, which this model does not have")
+        if member.model is not None:  # a series' history, continued by the global model
+            return member.kind.continue_series(member.model, self.fallback.members[0][0],
+                                               prepare_features(frame, member.meta),
+                                               member.meta)
         raw = self.fallback.predict_raw(frame)
         if self.meta["task"] not in CLASSIFICATION:
             return raw
@@ -347,11 +351,12 @@ class SegmentStore:
         outputs = Outputs(len(frame), self.task, self.manifest.get("classes"), probabilities,
                           levels if intervals else [])
         unscored = 0
+        forecasts = bool(self.manifest.get("forecast"))  # a series needs its own history
         for position, key in enumerate(keys):
             rows = order[cuts[position]:cuts[position + 1]]
             known = self.entries.get(key)
             status[rows] = known[0] if known else "unknown"
-            model = models.get(key) or self.fallback
+            model = models.get(key) or (None if forecasts else self.fallback)
             if model is None:
                 unscored += len(rows)
                 continue
@@ -359,7 +364,9 @@ class SegmentStore:
         if unscored:
             warnings.warn(
                 f"{unscored} row(s) of segments without a model (unknown, skipped or failed "
-                "in training) got a null prediction: the model has no global fallback",
+                "in training) got a null prediction: " + (
+                    "a forecast needs the series' history" if forecasts
+                    else "the model has no global fallback"),
                 stacklevel=2,
             )
         return Prediction(outputs.result(), status)

@@ -6,11 +6,14 @@ and exogenous columns, forecasting recursively (or directly: one regressor per s
 A candidate ``{kind: lightgbm}`` of task forecast is stored as kind ``lags:lightgbm``:
 the fitted ``MLForecast`` (pickled without its regressor) and the regressor as its own
 kind stores it, so the registered model needs mlforecast and the regressor's library.
+The job's global model (``fallback: global``) is the same over every series at once,
+with their static columns; it forecasts a series by ``Continued``: that series' history.
 """
 
 from __future__ import annotations
 
 import pickle
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -43,8 +46,10 @@ class KindRegressor:
         return self
 
     def fit(self, X: pd.DataFrame, y: np.ndarray) -> KindRegressor:
-        self.meta = {"features": list(X.columns), "categorical": {}, "task": "regression",
-                     "fill": {c: 0.0 for c in X.columns}}
+        categorical = {c: sorted(X[c].dropna().unique().tolist()) for c in X.columns
+                       if not pd.api.types.is_numeric_dtype(X[c].dtype)}  # static strings
+        self.meta = {"features": list(X.columns), "categorical": categorical,
+                     "task": "regression", "fill": {c: 0.0 for c in X.columns}}
         data = self.kind.model_input(prepare_features(X, self.meta), self.meta)
         self.model = self.kind.fit(self.params, data, np.asarray(y, dtype="float64"),
                                    "regression", self.seed, self.threads, self.meta)
@@ -73,6 +78,10 @@ def target_transforms(spec: dict[str, Any]) -> list | None:
         from mlforecast.target_transforms import Differences
 
         return [Differences([1])]
+    if spec["transform"] == "standardize":
+        from mlforecast.target_transforms import LocalStandardScaler
+
+        return [LocalStandardScaler()]
     if spec["transform"] == "log1p":
         from mlforecast.target_transforms import GlobalSklearnTransformer
         from sklearn.preprocessing import FunctionTransformer
@@ -85,6 +94,15 @@ def memory(spec: dict[str, Any]) -> int:
     """How many of the last values the recursive forecast needs."""
     windows = [w for ws in spec["rolling"].values() for w in ws]
     return max(spec["lags"] + [spec["rolling_lag"] + w for w in windows]) + 1
+
+
+@dataclass
+class Continued:
+    """The global lag model forecasting one series: ``history``, that series' last
+    periods (``ds``, ``y``, exogenous and static columns), continued by ``forecaster``."""
+
+    forecaster: Any
+    history: pd.DataFrame
 
 
 class LagsKind(ForecastKind):
@@ -128,6 +146,10 @@ class LagsKind(ForecastKind):
     def forecast_loaded(cls, model, future, meta) -> np.ndarray:
         exogenous = meta["forecast"]["exogenous"]
         X_df = future.assign(**{ID: 0})[[ID, TIME, *exogenous]] if exogenous else None
+        if isinstance(model, Continued):
+            history = model.history.assign(**{ID: 0})
+            return model.forecaster.predict(len(future), new_df=history, X_df=X_df)[
+                MODEL].to_numpy(dtype="float64")
         return model.predict(len(future), X_df=X_df)[MODEL].to_numpy(dtype="float64")
 
     # -- training half
@@ -141,6 +163,12 @@ class LagsKind(ForecastKind):
         self.regressor(self.candidate).warm_up()
 
     def fit_series(self, params, history, seed, threads, spec) -> Any:
+        return self.fit_many(params, history.assign(**{ID: 0}), seed, threads, spec)
+
+    def fit_many(self, params: dict[str, Any], frame: pd.DataFrame, seed: int, threads: int,
+                 spec: dict[str, Any], static: list[str] | None = None) -> Any:
+        """One model over the series of ``frame`` (``unique_id``, ``ds``, ``y``, exogenous
+        and ``static`` columns)."""
         from mlforecast import MLForecast
 
         forecaster = MLForecast(
@@ -150,7 +178,7 @@ class LagsKind(ForecastKind):
             date_features=spec["date_features"] or None,
             target_transforms=target_transforms(spec))
         direct = spec["strategy"] == "direct"
-        return forecaster.fit(history.assign(**{ID: 0}), static_features=[],
+        return forecaster.fit(frame, static_features=list(static or []),
                               keep_last_n=memory(spec), cache_train_df=False,
                               max_horizon=spec["horizon"] if direct else None)
 

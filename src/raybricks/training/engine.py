@@ -54,8 +54,10 @@ from raybricks.results import (
     rows_to_table,
     write_part,
 )
+from raybricks.training import global_forecast
 from raybricks.training import segment as seg
 from raybricks.training.forecast import forecast_manifest, future_example, train_series
+from raybricks.training.global_forecast import GLOBAL_ROWS
 from raybricks.training.search import trial_settings
 from raybricks.training.segment import Plan
 
@@ -334,7 +336,19 @@ def train_segments(
         plan = seg.replace_plan(plan, forecast=plan.forecast | {
             "end": series_end(segmented.block_refs(), plan.time_column)})
     global_plan = seg.global_plan(plan, config, segmented.schema)
-    if config.fallback == "global" and config.selection == "all":
+    forecast_fallback = None
+    if plan.forecast and config.fallback == "global":
+        models, error = _forecast_global_models(segmented.block_refs(), plan, config,
+                                                segmented.num_rows)
+        if error is None:
+            plan = seg.replace_plan(plan, global_members=models[:-1],
+                                    global_token=uuid.uuid4().hex)
+            forecast_fallback = ({"status": TRAINED}, models[-1])
+        else:
+            log.warning("the global model was not trained (%s): every series trains "
+                        "without it", error)
+            forecast_fallback = ({"status": FAILED, "error": error}, [])
+    elif config.fallback == "global" and config.selection == "all":
         members = _split_global_models(segmented.block_refs(), plan, global_plan,
                                        segmented.num_rows)
         if all(members):  # every split's global model trained
@@ -372,7 +386,10 @@ def train_segments(
         from raybricks.training.large import train_large_segments
 
         train_large_segments(refs, large, plan, config, run_dir)
-    fallback = _run_fallback(refs, global_plan, config, segmented.num_rows, run_dir)
+    if forecast_fallback is None:
+        fallback = _run_fallback(refs, global_plan, config, segmented.num_rows, run_dir)
+    else:
+        fallback = _keep_fallback(run_dir, *forecast_fallback)
     segments = read_parts(run_dir / "results").to_pandas()
     example = input_example(refs, bounds, segments, plan, segmented.schema)
     result = TrainingResult(run_id, run_dir, plan.segment_by, plan.metric, segments,
@@ -619,9 +636,28 @@ def _run_fallback(refs, global_plan: Plan, config: JobConfig, num_rows: int, run
     samples = [sampler.remote(ref, fraction, global_plan.seed + i, global_plan.columns)
                for i, ref in enumerate(refs)]
     row, members = ray.get(_remote(train_fallback).remote(global_plan, *samples))
-    (run_dir).mkdir(parents=True, exist_ok=True)
-    (run_dir / "fallback.json").write_text(json.dumps(
-        {k: v for k, v in row.items() if k not in global_plan.segment_by}, default=str))
+    return _keep_fallback(run_dir, {k: v for k, v in row.items()
+                                    if k not in global_plan.segment_by}, members)
+
+
+def _keep_fallback(run_dir: Path, row: dict, members: list[dict]) -> list[dict] | None:
+    """Write the global model's result row and members into the run; its members."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "fallback.json").write_text(json.dumps(row, default=str))
     if members:
         write_part(run_dir, "fallback", parquet_bytes(rows_to_table(members)))
     return members or None
+
+
+def _forecast_global_models(refs, plan: Plan, config: JobConfig, num_rows: int
+                            ) -> tuple[list[list[dict]], str | None]:
+    """Task forecast: the global model of every backtest window (what each series'
+    backtest compares) and over whole series (the fallback, last), from the series of
+    every block (sampled to about GLOBAL_ROWS rows); or no models and why."""
+    import ray
+
+    fraction = min(1.0, GLOBAL_ROWS / max(num_rows, 1))
+    gather = _remote(global_forecast.series_rows)
+    parts = [gather.remote(ref, plan, fraction, plan.seed + i, i) for i, ref in enumerate(refs)]
+    fit = _remote(global_forecast.fit_global, num_cpus=plan.threads)
+    return ray.get(fit.remote(global_forecast.global_candidate(config), plan, *parts))

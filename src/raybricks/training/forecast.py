@@ -9,7 +9,7 @@ result rows it shares; the packed engine runs it for many series per task.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -28,8 +28,10 @@ from raybricks.kinds.forecasting import (
 )
 from raybricks.kinds.lags import memory
 from raybricks.results import TRAINED
+from raybricks.training import global_forecast
 from raybricks.training.search import trial_settings
 from raybricks.training.segment import (
+    GLOBAL,
     Evaluation,
     Plan,
     Skip,
@@ -56,6 +58,8 @@ def forecast_spec(config: JobConfig) -> dict[str, Any]:
         "rolling": {stat: list(w) for stat, w in forecast.rolling.items()},
         "rolling_lag": forecast.rolling_lag, "date_features": list(forecast.date_features),
         "exogenous": list(forecast.exogenous), "transform": forecast.transform,
+        "static": list(dict.fromkeys(forecast.static + (
+            config.segment_by if config.global_segment_features else []))),
         "gaps": forecast.gaps, "intervals": sorted(set(forecast.intervals)),
         "strategy": forecast.strategy,
         "windows": validation.windows,
@@ -81,10 +85,16 @@ NAIVE = CandidateConfig(name="baseline", kind="statsforecast", estimator="Naive"
 @dataclass
 class Series:
     """One series on its frequency's grid: ``frame`` has ``ds``, ``y`` and the exogenous
-    columns, in time order; ``notes``: data conditions users should know of."""
+    columns, in time order; ``notes``: data conditions users should know of;
+    ``static``: its values of the static columns."""
 
     frame: pd.DataFrame
     notes: list[str]
+    static: dict[str, Any] = field(default_factory=dict)
+
+    def history(self, end: int | None = None) -> pd.DataFrame:
+        """Its periods before ``end`` (all by default), with its static values."""
+        return self.frame.iloc[:end].assign(**self.static)
 
     @property
     def y(self) -> np.ndarray:
@@ -142,7 +152,16 @@ def clean_series(data: pd.DataFrame, plan: Plan) -> Series:
     zeros = float(np.mean(y == 0))
     if zeros >= INTERMITTENT_ZEROS:
         notes.append(f"intermittent: {zeros:.0%} of periods are zero")
-    return Series(frame, notes)
+    return Series(frame, notes, static_values(data, spec["static"]))
+
+
+def static_values(data: pd.DataFrame, columns: list[str]) -> dict[str, Any]:
+    """A series' value of each static column: its last non-null one (None if none)."""
+    values = {}
+    for column in columns:
+        present = data[column].dropna()
+        values[column] = present.iloc[-1] if len(present) else None
+    return values
 
 
 def dated_rows(data: pd.DataFrame, plan: Plan, columns: list[str]) -> pd.DataFrame:
@@ -266,6 +285,9 @@ def fitted_member(candidate: CandidateConfig, weight: float, params: dict[str, A
                   series: Series, plan: Plan, key: tuple,
                   bounds: dict[str, Any] | None = None) -> dict[str, Any]:
     """A chosen candidate refitted on the whole series, serialized."""
+    if candidate is GLOBAL:  # the job's global model continues its stored history
+        return member_row(GLOBAL, weight, {}, global_forecast.history_payload(series, plan),
+                          member_meta(series, plan, bounds))
     kind = kinds.forecaster(candidate)
     seed = stable_seed(plan.seed, key, candidate.name, "fit")
     model = kind.fit_series(params, series.frame, seed, plan.threads, plan.forecast)
@@ -290,6 +312,9 @@ def train_series(data: pd.DataFrame, key: tuple, plan: Plan
         actual = actual / divisor
         evaluations = [evaluate(series, c, plan, key, origins, actual, divisor)
                        for c in plan.candidates]
+        if plan.global_members:
+            evaluations.append(global_forecast.evaluate_global(series, plan, origins, actual,
+                                                               divisor))
         naive = baseline(series, plan, key, origins, actual, divisor)
         if plan.pool:  # selection all: the baseline competes
             evaluations.append(naive)

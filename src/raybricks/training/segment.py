@@ -70,7 +70,9 @@ class Plan:
     @property
     def columns(self) -> list[str]:
         extra = [self.time_column] if self.time_column else []
-        return list(dict.fromkeys(self.segment_by + self.features + [self.target] + extra))
+        static = self.forecast["static"] if self.forecast else []
+        return list(dict.fromkeys(self.segment_by + self.features + [self.target] + extra
+                                  + static))
 
 
 UNSUPPORTED = (pa.types.is_nested, pa.types.is_binary, pa.types.is_large_binary)
@@ -132,7 +134,8 @@ def forecast_plan(config: JobConfig, schema: pa.Schema, threads: int) -> Plan:
     from raybricks.training import forecast  # it builds on this module
 
     spec = forecast.forecast_spec(config)
-    needed = config.segment_by + [config.target, config.time_column, *spec["exogenous"]]
+    needed = config.segment_by + [config.target, config.time_column, *spec["exogenous"],
+                                  *spec["static"]]
     missing = [c for c in needed if c not in schema.names]
     if missing:
         raise DataError(f"column(s) {missing} not in the data; it has {schema.names}")
@@ -142,6 +145,12 @@ def forecast_plan(config: JobConfig, schema: pa.Schema, threads: int) -> Plan:
                 or pa.types.is_decimal(kind)):
             raise DataError(f"column {column!r} is {kind}, not numeric: task forecast needs "
                             "a numeric target and numeric exogenous columns")
+    for column in spec["static"]:
+        kind = schema.field(column).type
+        if not (pa.types.is_integer(kind) or pa.types.is_floating(kind) or is_categorical(kind)
+                or pa.types.is_boolean(kind) or pa.types.is_decimal(kind)):
+            raise DataError(f"static column {column!r} is {kind}: static columns hold "
+                            "numbers or strings (one value per series)")
     time_type = schema.field(config.time_column).type
     dated = pa.types.is_timestamp(time_type) or pa.types.is_date(time_type)
     if dated != isinstance(spec["frequency"], str) or not (

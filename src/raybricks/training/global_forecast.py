@@ -1,0 +1,126 @@
+"""The global forecasting model (task forecast with ``fallback: global``): one lag model
+over every series at once, with their static columns (``forecast.static``).
+
+It is fitted once per backtest window, on every series cut at that window's origin (each
+series' own: the windows end with each series), and competes in each series' backtest
+like a candidate; then once on whole series, stored as the registered model's fallback,
+which forecasts a series that chose it by continuing that series' stored history.
+"""
+
+from __future__ import annotations
+
+import io
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from raybricks import kinds, metrics
+from raybricks.config import CandidateConfig, JobConfig
+from raybricks.data import segment_bounds
+from raybricks.kinds.forecasting import ID, TARGET
+from raybricks.kinds.lags import Continued, LagsKind, memory
+from raybricks.training.search import trial_settings
+from raybricks.training.segment import GLOBAL, Evaluation, Plan, global_models, member_row
+
+if TYPE_CHECKING:
+    from raybricks.training.forecast import Series
+
+#: The global model learns from at most about this many rows (whole series, sampled).
+GLOBAL_ROWS = 1_000_000
+
+
+def global_candidate(config: JobConfig) -> CandidateConfig:
+    """The candidate the global model is fitted as: the first of a table kind (its first
+    setting, no search)."""
+    return next(model for model in config.models
+                if issubclass(kinds.forecaster_kind(model.kind), LagsKind))
+
+
+def series_rows(block: pa.Table, plan: Plan, fraction: float, seed: int, number: int
+                ) -> pd.DataFrame:
+    """Ray task body: a seeded share (``fraction``) of the block's series, cleaned as
+    their own training cleans them (series it skips are left out), with their static
+    values and an id unique in the job (``number``: the block's)."""
+    from raybricks.training.forecast import clean_series  # it builds on this module
+
+    frame = block.select(plan.columns).to_pandas()
+    rng = np.random.default_rng(seed)
+    parts = []
+    for position, (_, start, end) in enumerate(segment_bounds(block, plan.segment_by)):
+        if rng.random() >= fraction:
+            continue
+        try:
+            series = clean_series(frame.iloc[start:end], plan)
+        except Exception:  # noqa: BLE001 - skipped (or failing) series teach nothing
+            continue
+        parts.append(series.history().assign(**{ID: f"{number}/{position}"}))
+    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
+
+
+def fit_global(candidate: CandidateConfig, plan: Plan, *parts: pd.DataFrame
+               ) -> tuple[list[list[dict[str, Any]]], str | None]:
+    """Ray task body: the global model of each backtest window, then over whole series
+    (the last), each as the member rows of a segment model; or no models and why."""
+    parts = tuple(p for p in parts if len(p))
+    if not parts:
+        return [], "no series could be trained (every one was skipped)"
+    try:
+        return fitted_windows(candidate, plan, pd.concat(parts, ignore_index=True)), None
+    except Exception as exc:  # noqa: BLE001 - the series still train without it
+        return [], f"{type(exc).__name__}: {exc}"
+
+
+def fitted_windows(candidate: CandidateConfig, plan: Plan, frame: pd.DataFrame
+                   ) -> list[list[dict[str, Any]]]:
+    """The global model of each backtest window and over whole series (the last)."""
+    spec = plan.forecast
+    kind = kinds.forecaster(candidate)
+    params = trial_settings(candidate, plan.seed)[0]
+    from_end = frame.groupby(ID, sort=False).cumcount(ascending=False).to_numpy()
+    cuts = [spec["horizon"] + spec["step"] * (spec["windows"] - 1 - w)
+            for w in range(spec["windows"])] + [0]
+    meta = {"features": [plan.time_column, *spec["exogenous"]], "categorical": {},
+            "task": plan.task, "forecast": {"frequency": spec["frequency"],
+                                            "exogenous": spec["exogenous"]}}
+    models = []
+    for cut in cuts:
+        model = kind.fit_many(params, frame[from_end >= cut], plan.seed, plan.threads, spec,
+                              spec["static"])
+        row = member_row(candidate, 1.0, params, kind.serialize(model), meta)
+        models.append([row | {"kind": kind.name}])
+    return models
+
+
+def evaluate_global(series: Series, plan: Plan, origins: list[int], actual: np.ndarray,
+                    divisor: float) -> Evaluation:
+    """The global model on the series' backtest: each window forecast by that window's
+    global model from the series' history before the window (predictions divided by
+    ``divisor``, as ``actual`` is)."""
+    spec, horizon = plan.forecast, plan.forecast["horizon"]
+    try:
+        parts = []
+        for model, origin in zip(global_models(plan), origins, strict=True):
+            member = model.members[0][0]
+            future = series.frame.iloc[origin:origin + horizon].drop(columns=TARGET)
+            parts.append(member.kind.forecast_loaded(
+                Continued(member.model, series.history(origin)), future.reset_index(drop=True),
+                {"forecast": spec}))
+        predictions = np.concatenate(parts) / divisor
+        if not np.isfinite(predictions).all():
+            raise ValueError("the forecast has missing or infinite values")
+        value = metrics.metric(plan.metric).score(actual, predictions)
+    except Exception as exc:  # noqa: BLE001 - the global model not fitting this series
+        return Evaluation(GLOBAL, error=f"{type(exc).__name__}: {exc}")
+    return Evaluation(GLOBAL, {}, value, predictions)
+
+
+def history_payload(series: Series, plan: Plan) -> bytes:
+    """What a series that chose the global model stores: its last periods (enough for the
+    lags, twice over) with its static values, as Parquet."""
+    tail = series.history().tail(2 * memory(plan.forecast))
+    sink = io.BytesIO()
+    pq.write_table(pa.Table.from_pandas(tail, preserve_index=False), sink)
+    return sink.getvalue()
