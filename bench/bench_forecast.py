@@ -19,7 +19,10 @@ mean MAE.
   best backtest error, weighted; MLflow on SQLite) then
   ``raybricks.forecast``; once with the statistical candidates and once adding LightGBM
   and Ridge on lags; and the statistical job again with Ray on Spark already up, as in a
-  notebook session that keeps it between jobs.
+  notebook session that keeps it between jobs; and the lag job with the global model
+  (``fallback: global``: one LightGBM over every series, with static columns: the
+  routes' origin and destination, the employment series' supersector and sector, and
+  ``transform: standardize``) competing in every series' backtest.
 * ``statsforecast``, as its documentation recommends for choosing models per series:
   ``cross_validation`` (the same windows) and ``forecast`` with the same statistical
   models, then the best model per series by backtest MAE; on Spark (its Fugue backend,
@@ -65,6 +68,7 @@ class Dataset:
     season: int
     features: dict[str, Any]  # raybricks' forecast lag features (mlforecast's alike)
     statistical: list[str] = field(default_factory=lambda: ["AutoETS", "AutoTheta"])
+    static: pd.DataFrame | None = None  # per unique_id: its static columns
 
 
 def routes() -> Dataset:
@@ -83,11 +87,12 @@ def routes() -> Dataset:
     train, test = frame[frame.ds < cutoff], frame[frame.ds >= cutoff]
     lengths = train.groupby("unique_id").size()
     long = lengths[lengths >= 120].index  # long enough for every method's backtest
+    routes = daily.drop_duplicates("unique_id")[["unique_id", "origin", "dest"]]
     return Dataset("routes", train[train.unique_id.isin(long)],
                    test[test.unique_id.isin(long)], 28, "D", 7,
                    {"lags": [1, 7, 14, 28], "rolling": {"mean": [7, 28]},
                     "date_features": ["dayofweek", "month"]},
-                   ["AutoETS", "AutoTheta", "CrostonOptimized"])
+                   ["AutoETS", "AutoTheta", "CrostonOptimized"], routes)
 
 
 def employment() -> Dataset:
@@ -99,9 +104,12 @@ def employment() -> Dataset:
                           "y": raw.Employed.astype(float)})
     frame = frame[frame.ds >= "1990-01-01"]
     cutoff = frame.ds.max() - pd.DateOffset(months=11)
+    ids = frame.unique_id.drop_duplicates()  # CEU SS III... : supersector, industry
+    static = pd.DataFrame({"unique_id": ids, "supersector": ids.str[3:5],
+                           "sector": ids.str[3:6]})
     return Dataset("employment", frame[frame.ds < cutoff], frame[frame.ds >= cutoff], 12,
                    "MS", 12, {"lags": [1, 2, 3, 12], "rolling": {"mean": [3, 12]},
-                              "date_features": ["month"]})
+                              "date_features": ["month"]}, static=static)
 
 
 def scores(forecasts: pd.DataFrame, column: str, data: Dataset) -> dict[str, float]:
@@ -214,21 +222,32 @@ def bench(data: Dataset, spark, workdir: str) -> dict[str, Any]:
     lags = [{"name": "lgbm", "kind": "lightgbm",
              "params": {"n_estimators": 60, "num_leaves": 7, "min_child_samples": 10}},
             {"name": "ridge", "kind": "sklearn", "estimator": "sklearn.linear_model.Ridge"}]
-    def raybricks_config(models: list[dict], name: str) -> JobConfig:
+    # the global model's job reads the series' static columns too (statsforecast would
+    # take any extra column of its table for an exogenous one)
+    statics = [c for c in data.static.columns if c != "unique_id"]
+    data.train.merge(data.static, on="unique_id").to_parquet(
+        f"{workdir}/{data.name}_static.parquet", coerce_timestamps="us")
+
+    def raybricks_config(models: list[dict], name: str, pooled: bool = False) -> JobConfig:
+        extra = ({"fallback": "global", "forecast": {"static": statics,
+                                                     "transform": "standardize"}}
+                 if pooled else {"forecast": {}})
         return JobConfig.from_dict({
-            "source": {"path": table}, "segment_by": ["unique_id"], "target": "y",
+            "source": {"path": f"{workdir}/{data.name}_static.parquet" if pooled else table},
+            "segment_by": ["unique_id"], "target": "y",
             "time_column": "ds", "task": "forecast",
             "forecast": {"horizon": data.horizon, "frequency": data.frequency,
                          "season_length": data.season, "intervals": [80, 95],
-                         **data.features},
+                         **data.features, **extra.pop("forecast")},
             "validation": {"windows": WINDOWS}, "models": models, "min_rows": 60,
             "registry": {"name": name},
-            "training": {"output_dir": f"{workdir}/runs", "progress": False},
+            "training": {"output_dir": f"{workdir}/runs", "progress": False}, **extra,
         })
 
-    def raybricks_run(models: list[dict], name: str) -> Callable[[], pd.DataFrame]:
+    def raybricks_run(models: list[dict], name: str, pooled: bool = False
+                      ) -> Callable[[], pd.DataFrame]:
         def run() -> pd.DataFrame:
-            train(raybricks_config(models, name), spark)
+            train(raybricks_config(models, name, pooled), spark)
             forecast(f"models:/{name}@champion", f"{workdir}/{name}_out", spark=spark,
                      intervals=True)
             return pd.read_parquet(f"{workdir}/{name}_out")
@@ -238,6 +257,9 @@ def bench(data: Dataset, spark, workdir: str) -> dict[str, Any]:
                           "statistical + lag candidates": statistical + lags}.items():
         timed(f"raybricks, {label}", raybricks_run(
             models, f"bench_forecast_{data.name}_{len(models)}"), "prediction")
+    timed(f"raybricks, statistical + lag candidates + global model ({', '.join(statics)})",
+          raybricks_run(statistical + lags, f"bench_forecast_{data.name}_global", True),
+          "prediction")
     # As in a notebook that keeps its Ray on Spark up between jobs (train connects to it):
     # the same job without the ~20 s start of Ray on Spark.
     with ray_cluster(ClusterConfig(), spark):
