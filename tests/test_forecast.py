@@ -18,10 +18,11 @@ import pytest
 
 from raybricks import metrics, tracking
 from raybricks.cli import main
-from raybricks.config import JobConfig
+from raybricks.config import JobConfig, SourceConfig
 from raybricks.data import to_ray_dataset
 from raybricks.errors import ConfigError, RaybricksError
 from raybricks.kinds.forecasting import conformal_offsets, interval_columns
+from raybricks.pipeline import validate
 from raybricks.results import FAILED, SKIPPED, TRAINED
 from raybricks.scoring import forecast, score
 from raybricks.segmented_model import SegmentModel
@@ -511,6 +512,11 @@ def test_global_model_learns_across_series_from_static_columns(ray_on_spark, spa
                   "date_features": ["dayofweek"], "transform": "standardize",
                   "static": ["type", "area"]},
         registry={"name": "tests.forecast.global"})
+    # train's checks read the static columns from the source
+    data.to_parquet(tmp_path / "typed.parquet", coerce_timestamps="us")
+    typed = SourceConfig(path=str(tmp_path / "typed.parquet"))
+    source = config.model_copy(update={"source": typed})
+    assert validate(source, spark).source_columns == ["store", "type", "area", "sales", "day"]
     result = train_segments(to_ray_dataset(spark.createDataFrame(data), ["store"]), config)
     segments = result.segments
     assert (segments.status == TRAINED).all(), segments.reason

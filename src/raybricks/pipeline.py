@@ -11,16 +11,16 @@ fails loudly, before anything is registered, when they disagree.
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from raybricks import kinds
+from raybricks import console, kinds
 from raybricks.cluster import ray_cluster, spark_session
 from raybricks.compat import arrow_schema
 from raybricks.config import JobConfig
+from raybricks.console import stage
 from raybricks.data import count_segments, select_and_filter, to_ray_dataset
-from raybricks.errors import DataError, RaybricksError, SourceNotFound
+from raybricks.errors import ConfigError, DataError, RaybricksError, SourceNotFound
 from raybricks.sources import read_source
 from raybricks.training import TrainingResult, train_segments
 from raybricks.training.segment import make_plan
@@ -69,7 +69,8 @@ def check_job(config: JobConfig, *, register: bool = True) -> None:
 def checked_source(config: JobConfig, source: DataFrame) -> DataFrame:
     """The source as training reads it (its columns, ``where`` applied), once its columns
     and types fit the config and its target is not missing in every row."""
-    features = config.features or (config.forecast.exogenous if config.forecast else None)
+    features = config.features or ([*config.forecast.exogenous, *config.forecast.static]
+                                    if config.forecast else None)
     columns = list(dict.fromkeys(
         (features or []) + [config.target]
         + ([config.time_column] if config.time_column else [])
@@ -162,28 +163,41 @@ def train(
     """Train every segment of the configured source, then (``register``) log one MLflow
     run and register the model; the report says what each stage did."""
     timings: dict[str, float] = {}
-    start = time.perf_counter()
-    check_job(config, register=register)
-    spark = spark or spark_session()
-    df = checked_source(config, read_source(config.source, spark))
-    timings["checks"] = time.perf_counter() - start
-    with ray_cluster(config.cluster, spark):
-        timings["cluster"] = time.perf_counter() - start - sum(timings.values())
-        segmented = to_ray_dataset(
-            df, config.segment_by,
-            strategy=config.data.strategy, max_block_rows=config.data.max_block_rows,
-            staging_dir=config.data.staging_dir,
-        )
-        timings["data"] = time.perf_counter() - start - sum(timings.values())
-        result = train_segments(segmented, config)
-        timings["training"] = time.perf_counter() - start - sum(timings.values())
-    accounting = reconcile(result, count_segments(df, segmented.segment_by))
-    timings["accounting"] = time.perf_counter() - start - sum(timings.values())
-    publication = None
-    if register:
-        publication = publish(result, config, timings, accounting)
-        timings["registry"] = time.perf_counter() - start - sum(timings.values())
+    config = with_run_id(config)
+    with console.quiet(not config.training.progress):
+        with stage("checks", timings, "checks: config, estimators, registry name, source"):
+            check_job(config, register=register)
+            spark = spark or spark_session()
+            df = checked_source(config, read_source(config.source, spark))
+        with ray_cluster(config.cluster, spark, timings):
+            with stage("data", timings, "data: the source as Ray blocks by segment"):
+                segmented = to_ray_dataset(
+                    df, config.segment_by,
+                    strategy=config.data.strategy, max_block_rows=config.data.max_block_rows,
+                    staging_dir=config.data.staging_dir,
+                )
+            with stage("training", timings, f"training (run {config.training.run_id})"):
+                result = train_segments(segmented, config)
+        with stage("accounting", timings, "accounting: one result per source segment"):
+            accounting = reconcile(result, count_segments(df, segmented.segment_by))
+        publication = None
+        if register:
+            with stage("registry", timings, "registry: MLflow run and model version"):
+                publication = publish(result, config, timings, accounting)
     return TrainingReport(result, publication, timings, accounting)
+
+
+def with_run_id(config: JobConfig) -> JobConfig:
+    """The config with its run's id settled up front (a new one unless given), so the
+    run's directory is known from the start."""
+    from raybricks.training.engine import new_run_id
+
+    if config.training.run_id:
+        return config
+    if config.training.resume:
+        raise ConfigError("training.resume needs training.run_id: the run to continue")
+    training = config.training.model_copy(update={"run_id": new_run_id()})
+    return config.model_copy(update={"training": training})
 
 
 def publish(result: TrainingResult, config: JobConfig, timings: dict[str, float] | None = None,

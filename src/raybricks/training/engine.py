@@ -39,7 +39,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from raybricks import kinds
+from raybricks import console, kinds
 from raybricks.compat import thread_limiter
 from raybricks.config import JobConfig
 from raybricks.data import SegmentedDataset, segment_bounds
@@ -418,9 +418,9 @@ def series_end(refs, time_column: str) -> Any:
 
 def input_example(refs, bounds, segments: pd.DataFrame, plan: Plan, schema: pa.Schema
                   ) -> pd.DataFrame | None:
-    """A few input rows (segment columns and features) of a trained segment, if any;
-    integer features as pandas ``Int64``, which keeps them integers where a value is
-    missing (not yet for task forecast's future rows)."""
+    """A few input rows (segment columns and features) of a trained segment, if any
+    (task forecast: the periods after its history); integer features as pandas
+    ``Int64``, which keeps them integers where a value is missing."""
     import ray
 
     trained = segments[segments.status == TRAINED]
@@ -429,9 +429,10 @@ def input_example(refs, bounds, segments: pd.DataFrame, plan: Plan, schema: pa.S
         if block and (wanted is None or any(key == wanted for key, _ in block)):
             key = wanted if wanted is not None else block[0][0]
             rows = segment_rows(ray.get(ref), plan, key)
-            if plan.forecast:  # the periods after the series' history
-                return future_example(rows, plan)
-            rows = rows[plan.segment_by + plan.features].head(5).reset_index(drop=True)
+            if plan.forecast:
+                rows = future_example(rows, plan)
+            else:
+                rows = rows[plan.segment_by + plan.features].head(5).reset_index(drop=True)
             return rows.astype({field.name: "Int64" for field in schema
                                 if field.name in plan.features and pa.types.is_integer(field.type)})
     return None
@@ -444,13 +445,6 @@ def _remote(fn, **options):
     import ray
 
     return ray.remote(**options)(fn) if options else ray.remote(fn)
-
-
-def _progress_bar(total: int, enabled: bool):
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, unit="segment", disable=not enabled, smoothing=0.1,
-                desc="training", mininterval=0.5)
 
 
 def _run_packed(refs, chunks: list[Chunk], plan, config, run_dir, n_todo, progress) -> None:
@@ -477,7 +471,7 @@ def _run_packed(refs, chunks: list[Chunk], plan, config, run_dir, n_todo, progre
     pending = {submit(chunk, chunk.keys): (chunk, chunk.keys) for chunk in chunks}
     attempt = uuid.uuid4().hex[:8]
     show = config.training.progress if progress is None else progress
-    with _progress_bar(n_todo, show) as bar:
+    with console.progress_bar(n_todo, "training", "segment", show) as bar:
         parts = 0
         while pending:
             ready, _ = ray.wait(list(pending), num_returns=1)
