@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import os
+import re
+import signal
 import subprocess
 import sys
+import time
 
 import pandas as pd
 
-from tests import helpers
+from raybricks import cli
+from tests import faults, helpers
 
 
 def test_train_command_trains_every_segment(ray_on_spark, tmp_path):
@@ -27,7 +31,7 @@ models:
   - {{name: ridge, kind: sklearn, estimator: sklearn.linear_model.Ridge}}
 min_rows: 20
 cluster: {{mode: address}}
-training: {{output_dir: "{tmp_path / 'runs'}", run_id: cli, progress: false}}
+training: {{output_dir: "{tmp_path / 'runs'}", run_id: cli}}
 """
     )
     env = {k: v for k, v in os.environ.items() if k != "RAY_AUTH_MODE"}
@@ -38,6 +42,16 @@ training: {{output_dir: "{tmp_path / 'runs'}", run_id: cli, progress: false}}
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "8 trained, 3 skipped, 0 failed" in result.stdout
+    # one line per stage as it starts and ends; the libraries' output is in the run's log
+    log_file = tmp_path / "runs" / "cli" / "raybricks.log"
+    assert result.stdout.startswith(f"log: {log_file}\n")
+    for stage in ("checks", "Ray", "data", "training (run cli)", "accounting", "registry"):
+        assert re.search(rf"^> {re.escape(stage)}.* \.\.\.$", result.stdout, re.M), stage
+        assert re.search(rf"^  {re.escape(stage)}.*: \d+\.\d s$", result.stdout, re.M), stage
+    logged = log_file.read_text()
+    for library_line in ("log4j", "Connected to Ray cluster", "mlflow"):
+        assert library_line in logged
+        assert library_line not in result.stdout + result.stderr
     rows = pd.read_parquet(tmp_path / "runs" / "cli" / "results")
     assert set(rows.store) == set(helpers.shops().store)
     s1 = rows.set_index("store").loc["s1"]
@@ -120,3 +134,68 @@ def test_validate_reports_an_unreachable_source_and_exit_codes(spark, tmp_path, 
     code, _, err = validate(tmp_path, capsys, "--no-source", "--set", "min_rows=1",
                             source=missing)
     assert code == 2 and "min_rows=1" in err
+
+
+def test_ctrl_c_shuts_down_keeps_results_and_prints_the_resume_command(ray_on_spark,
+                                                                      tmp_path):
+    """A segment's fit waits for a file; Ctrl-C meanwhile ends the job with 130 and the
+    command that resumes it, which then finishes the run."""
+    source = tmp_path / "stores.parquet"
+    faults.stores({"w": "wait"}).to_parquet(source)
+    release = tmp_path / "release"
+    config = tmp_path / "job.yml"
+    config.write_text(f"""
+source: {{path: "{source}", format: parquet}}
+segment_by: [store]
+target: y
+features: [x1, fault]
+models:
+  - {{name: f, kind: function, function: tests.faults.fit_with_faults,
+     params: {{release: "{release}"}}}}
+min_rows: 10
+cluster: {{mode: address, address: "{ray_on_spark.address}"}}
+registry: {{name: tests.cli.interrupted}}
+training: {{output_dir: "{tmp_path / 'runs'}", run_id: stopped}}
+""")
+    env = {k: v for k, v in os.environ.items() if k != "RAY_AUTH_MODE"}
+    command = [sys.executable, "-m", "raybricks.cli", "train", "--config", str(config)]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True, env=env)
+    deadline = time.monotonic() + 300
+    while not (tmp_path / "waiting").exists():
+        assert process.poll() is None and time.monotonic() < deadline, process.stderr.read()
+        time.sleep(0.2)
+    process.send_signal(signal.SIGINT)
+    out, err = process.communicate(timeout=120)
+    assert process.returncode == cli.INTERRUPTED, err[-3000:]
+    assert "interrupted. Ray and Spark were shut down; the results of the segments that " \
+           f"finished are kept in {tmp_path / 'runs' / 'stopped'}" in err
+    assert "Traceback" not in err
+    resume = re.search(r"To continue where it stopped: (.*)$", err, re.M).group(1)
+    assert resume == (f"raybricks train --config {config} --set training.resume=true "
+                      "--set training.run_id=stopped")
+    release.touch()
+    again = subprocess.run([sys.executable, "-m", "raybricks.cli", *resume.split()[1:]],
+                           capture_output=True, text=True, timeout=600, env=env)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "5 trained, 0 skipped, 0 failed" in again.stdout
+
+
+def test_an_unexpected_failure_is_one_paragraph_and_the_log_has_the_traceback(
+        tmp_path, monkeypatch, capsys):
+    def breaks(args):
+        with cli.logged(args, tmp_path / "verb.log"):
+            raise OSError("No space left on device")
+
+    help_text, add_arguments, _ = cli.VERBS["validate"]
+    monkeypatch.setitem(cli.VERBS, "validate", (help_text, add_arguments, breaks))
+    argv = ["validate", "--config", "unused.yml"]
+    assert cli.main(argv) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("raybricks validate failed: OSError: No space left on device\n")
+    assert f"The log {tmp_path / 'verb.log'} has the traceback" in err
+    assert "rerun with --verbose" in err and "Traceback" not in err
+    assert "Traceback" in (tmp_path / "verb.log").read_text()
+    assert cli.main([*argv, "--verbose"]) == 1
+    err = capsys.readouterr().err
+    assert "the traceback is above" in err and "Traceback" in err

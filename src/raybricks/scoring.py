@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from raybricks import console
 from raybricks.data import lay_out_by_segment
 from raybricks.errors import DataError, RaybricksError
 from raybricks.kinds.forecasting import interval_columns
@@ -221,7 +222,8 @@ def _score(model_uri: str, local: Path, manifest: dict, df: DataFrame, output: s
                          quiet_versions=versions is not None, intervals=intervals), schema)
     if output is None:
         return scored
-    write_output(scored, output)
+    with console.spark_progress(spark, df.count(), "scoring"):
+        write_output(scored, output)
     from pyspark.sql import functions as F
 
     written = read_source(source_of(output), spark)

@@ -1,0 +1,163 @@
+"""What a person sees of a run: one line per stage as it starts and ends (with its
+seconds), tqdm's progress bars, the summary; and, kept aside, what Ray, Spark, MLflow and
+the model libraries print.
+
+``stage(name)`` times a stage and says so (``quiet()`` turns the lines off, as
+``training.progress: false`` does); ``say`` prints a line of raybricks' own. The CLI runs
+its verb inside ``libraries_to(log_file)``: file descriptors 1 and 2, which the Spark JVM,
+Ray's processes and every library writing to the terminal inherit or use, go to the log
+file, and so do Python's logging and warnings; raybricks' lines and bars keep the
+terminal. In a notebook (or under ``--verbose``) nothing is redirected: the API shows its
+stage lines and tqdm's notebook bar.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TextIO
+
+_terminal: TextIO | None = None  # raybricks' own output while libraries are redirected
+_quiet = False
+
+
+def terminal() -> TextIO:
+    """Where raybricks' own lines and progress bars go."""
+    return _terminal or sys.stdout
+
+
+def say(line: str) -> None:
+    """A line of raybricks' own output."""
+    print(line, file=terminal(), flush=True)
+
+
+@contextlib.contextmanager
+def quiet(enabled: bool = True) -> Iterator[None]:
+    """No stage lines inside (``enabled``), as with ``training.progress: false``."""
+    global _quiet
+    before, _quiet = _quiet, _quiet or enabled
+    try:
+        yield
+    finally:
+        _quiet = before
+
+
+def progress_bar(total: int | None, desc: str, unit: str, enabled: bool = True):
+    """tqdm's bar (its notebook widget in a notebook) on raybricks' terminal: done of
+    ``total``, rate and time left; off when ``enabled`` is false or inside ``quiet()``."""
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=desc, unit=unit, disable=_quiet or not enabled,
+                smoothing=0.1, mininterval=0.5, file=terminal(), unit_scale=unit == "row")
+
+
+@contextlib.contextmanager
+def spark_progress(spark, total: int, desc: str, unit: str = "row") -> Iterator[None]:
+    """A progress bar of ``total`` units while the block runs Spark jobs, advanced by the
+    share of their tasks that are done (polled from Spark's status tracker)."""
+    import threading
+    import uuid
+
+    context = spark.sparkContext
+    group = f"raybricks-{uuid.uuid4().hex[:8]}"
+    context.setJobGroup(group, desc)
+    tracker = context.statusTracker()
+    stop = threading.Event()
+    with progress_bar(total, desc, unit) as bar:
+        def poll() -> None:
+            while not stop.wait(0.5):
+                done = tasks = 0
+                for job in tracker.getJobIdsForGroup(group):
+                    info = tracker.getJobInfo(job)
+                    for stage_id in info.stageIds if info else []:
+                        found = tracker.getStageInfo(stage_id)
+                        if found:
+                            done, tasks = done + found.numCompletedTasks, tasks + found.numTasks
+                if tasks:
+                    bar.update(max(int(total * done / tasks) - bar.n, 0))
+
+        watcher = threading.Thread(target=poll, daemon=True)
+        watcher.start()
+        try:
+            yield
+            bar.update(total - bar.n)
+        finally:
+            stop.set()
+            watcher.join()
+            context.setLocalProperty("spark.jobGroup.id", None)
+            context.setLocalProperty("spark.job.description", None)
+
+
+@contextlib.contextmanager
+def stage(name: str, timings: dict[str, float] | None = None, says: str | None = None
+          ) -> Iterator[None]:
+    """Say the stage (``says``, else its ``name``) starts, then that it ended (or
+    stopped) after how many seconds; its seconds go into ``timings[name]``."""
+    start = time.perf_counter()
+    label = says or name
+    if not _quiet:
+        say(f"> {label} ...")
+    try:
+        yield
+    except BaseException:
+        if not _quiet:
+            say(f"x {label}: stopped after {time.perf_counter() - start:.1f} s")
+        raise
+    seconds = time.perf_counter() - start
+    if timings is not None:
+        timings[name] = seconds
+    if not _quiet:
+        say(f"  {label}: {seconds:.1f} s")
+
+
+LIBRARY_LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+@contextlib.contextmanager
+def libraries_to(log_file: Path, verbose: bool = False) -> Iterator[Path]:
+    """Run the block with everything but raybricks' own output in ``log_file`` (appended):
+    file descriptors 1 and 2 (what child processes inherit), Python's logging (INFO and
+    above) and warnings. ``verbose``: the log file still gets Python's logging, and the
+    terminal shows everything as it comes."""
+    global _terminal
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    sink = open(log_file, "a", buffering=1, encoding="utf-8")  # noqa: SIM115 - closed below
+    handler = logging.StreamHandler(sink)
+    handler.setFormatter(logging.Formatter(LIBRARY_LOG_FORMAT))
+    root = logging.getLogger()
+    level = root.level
+    root.addHandler(handler)
+    root.setLevel(min(level, logging.INFO) if level else logging.INFO)
+    logging.captureWarnings(True)
+    saved: tuple[int, int] | None = None
+    try:
+        if not verbose:
+            for stream in (sys.stdout, sys.stderr):
+                stream.flush()
+            saved = os.dup(1), os.dup(2)
+            # what writes to the terminal itself keeps it; what was captured stays so
+            _terminal = (open(os.dup(saved[0]), "w", buffering=1, encoding="utf-8")  # noqa: SIM115
+                         if sys.stdout is sys.__stdout__ else sys.stdout)
+            os.dup2(sink.fileno(), 1)  # sys.__stdout__ and sys.__stderr__ write here too
+            os.dup2(sink.fileno(), 2)
+        yield log_file
+    finally:
+        if saved is not None:
+            for stream in (sys.stdout, sys.stderr):
+                stream.flush()
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            os.close(saved[0])
+            os.close(saved[1])
+            if _terminal is not sys.stdout and _terminal is not None:
+                _terminal.close()
+        _terminal = None
+        logging.captureWarnings(False)
+        root.removeHandler(handler)
+        root.setLevel(level)
+        sink.close()
