@@ -21,8 +21,8 @@ mean MAE.
   and Ridge on lags; and the statistical job again with Ray on Spark already up, as in a
   notebook session that keeps it between jobs; and the lag job with the global model
   (``fallback: global``: one LightGBM over every series, with static columns: the
-  routes' origin and destination, the employment series' supersector and sector, and
-  ``transform: standardize``) competing in every series' backtest.
+  routes' origin and destination, the employment series' supersector and sector; each
+  series standardized) competing in every series' backtest.
 * ``statsforecast``, as its documentation recommends for choosing models per series:
   ``cross_validation`` (the same windows) and ``forecast`` with the same statistical
   models, then the best model per series by backtest MAE; on Spark (its Fugue backend,
@@ -229,8 +229,7 @@ def bench(data: Dataset, spark, workdir: str) -> dict[str, Any]:
         f"{workdir}/{data.name}_static.parquet", coerce_timestamps="us")
 
     def raybricks_config(models: list[dict], name: str, pooled: bool = False) -> JobConfig:
-        extra = ({"fallback": "global", "forecast": {"static": statics,
-                                                     "transform": "standardize"}}
+        extra = ({"fallback": "global", "forecast": {"static": statics}}
                  if pooled else {"forecast": {}})
         return JobConfig.from_dict({
             "source": {"path": f"{workdir}/{data.name}_static.parquet" if pooled else table},

@@ -199,3 +199,25 @@ def test_an_unexpected_failure_is_one_paragraph_and_the_log_has_the_traceback(
     assert cli.main([*argv, "--verbose"]) == 1
     err = capsys.readouterr().err
     assert "the traceback is above" in err and "Traceback" in err
+
+
+def test_the_python_api_shows_its_stages_and_keeps_library_logs_in_the_run_log(
+        ray_on_spark, tmp_path, capsys):
+    import raybricks
+
+    source = tmp_path / "shops.parquet"
+    helpers.shops().to_parquet(source)
+    config = raybricks.JobConfig.from_dict({
+        "source": {"path": str(source)}, "segment_by": ["store"], "target": "y",
+        "features": ["x1", "x2"], "models": [{"name": "ridge", "kind": "sklearn",
+                                              "estimator": "sklearn.linear_model.Ridge"}],
+        "min_rows": 20, "registry": {"name": "tests.cli.api"},
+        "training": {"output_dir": str(tmp_path / "runs"), "run_id": "api"}})
+    raybricks.train(config)
+    shown = capsys.readouterr()
+    assert "> training (run api) ...\n" in shown.out
+    assert re.search(r"^  registry: .*: \d+\.\d s$", shown.out, re.M)
+    logged = (tmp_path / "runs" / "api" / "raybricks.log").read_text()
+    assert "Created version '1' of model 'tests.cli.api'" in logged  # MLflow's own logging
+    assert "Created version" not in shown.out + shown.err
+    assert "INFO raybricks.training.engine: training 11 segments" in logged

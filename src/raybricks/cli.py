@@ -36,7 +36,7 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run_train(args: argparse.Namespace) -> int:
     from raybricks.config import JobConfig
-    from raybricks.pipeline import train, with_run_id
+    from raybricks.pipeline import LOG_FILE, train, with_run_id
 
     config = with_run_id(JobConfig.load(args.config, args.set))
     run_dir = Path(config.training.output_dir) / str(config.training.run_id)
@@ -44,7 +44,7 @@ def run_train(args: argparse.Namespace) -> int:
         ["raybricks train --config", args.config, *[f"--set {s}" for s in args.set],
          "--set training.resume=true", f"--set training.run_id={config.training.run_id}"])
     args.kept = f"the results of the segments that finished are kept in {run_dir}"
-    with logged(args, run_dir / "raybricks.log"):
+    with logged(args, run_dir / LOG_FILE):
         report = train(config)
     say(report.summary())
     say(f"results and models: {report.result.run_dir}")

@@ -18,6 +18,7 @@ import logging
 import os
 import sys
 import time
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TextIO
@@ -116,36 +117,66 @@ def stage(name: str, timings: dict[str, float] | None = None, says: str | None =
 
 
 LIBRARY_LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+#: Libraries whose loggers print to the terminal themselves (their own handlers).
+LIBRARY_LOGGERS = ("ray", "mlflow")
+_verbose = False
+
+
+@contextlib.contextmanager
+def logging_to(log_file: Path) -> Iterator[None]:
+    """Python's logging (INFO and above: raybricks', and Ray's and MLflow's instead of
+    their own terminal handlers) and warnings go to ``log_file`` (appended) inside the
+    block; under ``libraries_to(..., verbose=True)`` they are shown as they come too."""
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    handler = logging.FileHandler(log_file, encoding="utf-8")
+    handler.setFormatter(logging.Formatter(LIBRARY_LOG_FORMAT))
+    root = logging.getLogger()
+    level = root.level
+    if any(getattr(h, "baseFilename", None) == handler.baseFilename for h in root.handlers):
+        handler.close()  # already logging there (the CLI's train): once is enough
+        handler = logging.NullHandler()
+    root.addHandler(handler)
+    root.setLevel(min(level, logging.INFO) if level else logging.INFO)
+    libraries = {name: logging.getLogger(name) for name in LIBRARY_LOGGERS}
+    saved = {name: (lg.handlers[:], lg.propagate) for name, lg in libraries.items()}
+    if not _verbose:
+        for logger in libraries.values():
+            logger.handlers, logger.propagate = [], True  # to the root's file handler
+    with warnings.catch_warnings():
+        logging.captureWarnings(True)
+        try:
+            yield
+        finally:
+            logging.captureWarnings(False)
+            for name, (handlers, propagate) in saved.items():
+                libraries[name].handlers, libraries[name].propagate = handlers, propagate
+            root.removeHandler(handler)
+            root.setLevel(level)
+            handler.close()
 
 
 @contextlib.contextmanager
 def libraries_to(log_file: Path, verbose: bool = False) -> Iterator[Path]:
     """Run the block with everything but raybricks' own output in ``log_file`` (appended):
-    file descriptors 1 and 2 (what child processes inherit), Python's logging (INFO and
-    above) and warnings. ``verbose``: the log file still gets Python's logging, and the
-    terminal shows everything as it comes."""
-    global _terminal
-    log_file.parent.mkdir(parents=True, exist_ok=True)
-    sink = open(log_file, "a", buffering=1, encoding="utf-8")  # noqa: SIM115 - closed below
-    handler = logging.StreamHandler(sink)
-    handler.setFormatter(logging.Formatter(LIBRARY_LOG_FORMAT))
-    root = logging.getLogger()
-    level = root.level
-    root.addHandler(handler)
-    root.setLevel(min(level, logging.INFO) if level else logging.INFO)
-    logging.captureWarnings(True)
+    file descriptors 1 and 2 (what child processes inherit, and what libraries print),
+    Python's logging and warnings (``logging_to``). ``verbose``: the terminal shows it
+    all as it comes, the log file gets Python's logging."""
+    global _terminal, _verbose
     saved: tuple[int, int] | None = None
+    _verbose = verbose
     try:
-        if not verbose:
-            for stream in (sys.stdout, sys.stderr):
-                stream.flush()
-            saved = os.dup(1), os.dup(2)
-            # what writes to the terminal itself keeps it; what was captured stays so
-            _terminal = (open(os.dup(saved[0]), "w", buffering=1, encoding="utf-8")  # noqa: SIM115
-                         if sys.stdout is sys.__stdout__ else sys.stdout)
-            os.dup2(sink.fileno(), 1)  # sys.__stdout__ and sys.__stderr__ write here too
-            os.dup2(sink.fileno(), 2)
-        yield log_file
+        with logging_to(log_file):
+            if not verbose:
+                for stream in (sys.stdout, sys.stderr):
+                    stream.flush()
+                saved = os.dup(1), os.dup(2)
+                # what writes to the terminal itself keeps it; what was captured stays so
+                _terminal = (open(os.dup(saved[0]), "w", buffering=1, encoding="utf-8")  # noqa: SIM115
+                             if sys.stdout is sys.__stdout__ else sys.stdout)
+                with open(log_file, "a", encoding="utf-8") as sink:
+                    os.dup2(sink.fileno(), 1)  # sys.__stdout__, sys.__stderr__ write here too
+                    os.dup2(sink.fileno(), 2)
+            yield log_file
     finally:
         if saved is not None:
             for stream in (sys.stdout, sys.stderr):
@@ -156,8 +187,4 @@ def libraries_to(log_file: Path, verbose: bool = False) -> Iterator[Path]:
             os.close(saved[1])
             if _terminal is not sys.stdout and _terminal is not None:
                 _terminal.close()
-        _terminal = None
-        logging.captureWarnings(False)
-        root.removeHandler(handler)
-        root.setLevel(level)
-        sink.close()
+        _terminal, _verbose = None, False

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from raybricks import console, kinds
@@ -31,6 +32,8 @@ if TYPE_CHECKING:
     from raybricks.tracking import Publication
 
 log = logging.getLogger(__name__)
+#: The run's log (in its directory): raybricks' and the libraries' logging and warnings.
+LOG_FILE = "raybricks.log"
 
 
 class AccountingError(RaybricksError):
@@ -164,7 +167,8 @@ def train(
     run and register the model; the report says what each stage did."""
     timings: dict[str, float] = {}
     config = with_run_id(config)
-    with console.quiet(not config.training.progress):
+    log_file = Path(config.training.output_dir) / str(config.training.run_id) / LOG_FILE
+    with console.quiet(not config.training.progress), console.logging_to(log_file):
         with stage("checks", timings, "checks: config, estimators, registry name, source"):
             check_job(config, register=register)
             spark = spark or spark_session()

@@ -13,8 +13,10 @@ once, on the driver; the tasks, which load members of many segments, stay quiet 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import os
 import re
 import tempfile
 import time
@@ -80,14 +82,28 @@ def model_version_of(model_uri: str) -> str | None:
     return number.group(2) if number else None
 
 
+@contextlib.contextmanager
+def environment_default(name: str, value: str):
+    """The environment variable ``name`` set to ``value`` inside the block (unless the
+    user set it), as it was after."""
+    before = os.environ.get(name)
+    os.environ.setdefault(name, value)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(name, None)
+
+
 def download_model(model_uri: str, directory: str) -> Path:
     """The model's files, local; a clear error when the URI does not resolve."""
     import mlflow
     from mlflow.exceptions import MlflowException
 
     try:
-        return Path(mlflow.artifacts.download_artifacts(artifact_uri=model_uri,
-                                                        dst_path=directory))
+        with environment_default("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false"):  # ours only
+            return Path(mlflow.artifacts.download_artifacts(artifact_uri=model_uri,
+                                                            dst_path=directory))
     except MlflowException as exc:
         raise RaybricksError(
             f"cannot load model {model_uri!r}: {exc.message.splitlines()[0]} "

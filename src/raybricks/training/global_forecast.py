@@ -73,10 +73,16 @@ def fit_global(candidate: CandidateConfig, plan: Plan, *parts: pd.DataFrame
         return [], f"{type(exc).__name__}: {exc}"
 
 
+def global_spec(spec: dict[str, Any]) -> dict[str, Any]:
+    """The global model's spec: the series' with each series standardized (mlforecast's
+    ``LocalStandardScaler``) where ``transform`` is none: one model, many levels."""
+    return spec | {"transform": "standardize"} if spec["transform"] == "none" else spec
+
+
 def fitted_windows(candidate: CandidateConfig, plan: Plan, frame: pd.DataFrame
                    ) -> list[list[dict[str, Any]]]:
     """The global model of each backtest window and over whole series (the last)."""
-    spec = plan.forecast
+    spec = global_spec(plan.forecast)
     kind = kinds.forecaster(candidate)
     params = trial_settings(candidate, plan.seed)[0]
     from_end = frame.groupby(ID, sort=False).cumcount(ascending=False).to_numpy()
