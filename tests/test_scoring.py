@@ -143,11 +143,14 @@ def test_score_reports_other_library_versions_once_on_the_driver(
         env={**os.environ, "PYTHONPATH": str(Path(scoring.__file__).parents[1])},  # this one
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    [line] = [s for s in done.stderr.splitlines() if "segmented model was trained with" in s]
+    shown = done.stdout + done.stderr  # raybricks' warnings are shown, not only logged
+    [line] = [s for s in shown.splitlines() if "segmented model was trained with" in s]
     assert f"scikit-learn 1.0.2 (installed here: {version('scikit-learn')})" in line
     assert "xgboost" not in line  # trained with the installed version
     assert f"mlflow.pyfunc.get_model_dependencies({model!r})" in line
-    assert "Trying to unpickle estimator" not in done.stderr  # the tasks stayed quiet
+    [log] = (tmp_path / ".raybricks" / "logs").glob("score-*.log")  # what Spark printed
+    assert "Using Spark's default log4j profile" in log.read_text()
+    assert "Trying to unpickle estimator" not in shown + log.read_text()  # tasks stay quiet
     assert len(pd.read_parquet(tmp_path / "out.parquet")) == len(scoring_input())
 
 

@@ -58,9 +58,11 @@ def progress_bar(total: int | None, desc: str, unit: str, enabled: bool = True):
 
 
 @contextlib.contextmanager
-def spark_progress(spark, total: int, desc: str, unit: str = "row") -> Iterator[None]:
+def spark_progress(spark, total: int | None, desc: str, unit: str = "row"
+                   ) -> Iterator[None]:
     """A progress bar of ``total`` units while the block runs Spark jobs, advanced by the
-    share of their tasks that are done (polled from Spark's status tracker)."""
+    share of their tasks that are done (polled from Spark's status tracker); of the
+    tasks themselves when ``total`` is unknown (None)."""
     import threading
     import uuid
 
@@ -69,7 +71,7 @@ def spark_progress(spark, total: int, desc: str, unit: str = "row") -> Iterator[
     context.setJobGroup(group, desc)
     tracker = context.statusTracker()
     stop = threading.Event()
-    with progress_bar(total, desc, unit) as bar:
+    with progress_bar(total, desc, unit if total is not None else "task") as bar:
         def poll() -> None:
             while not stop.wait(0.5):
                 done = tasks = 0
@@ -79,14 +81,16 @@ def spark_progress(spark, total: int, desc: str, unit: str = "row") -> Iterator[
                         found = tracker.getStageInfo(stage_id)
                         if found:
                             done, tasks = done + found.numCompletedTasks, tasks + found.numTasks
+                if tasks and total is None:
+                    bar.total = tasks
                 if tasks:
-                    bar.update(max(int(total * done / tasks) - bar.n, 0))
+                    bar.update(max(int((total or tasks) * done / tasks) - bar.n, 0))
 
         watcher = threading.Thread(target=poll, daemon=True)
         watcher.start()
         try:
             yield
-            bar.update(total - bar.n)
+            bar.update(max((bar.total or 0) - bar.n, 0))
         finally:
             stop.set()
             watcher.join()
@@ -117,41 +121,58 @@ def stage(name: str, timings: dict[str, float] | None = None, says: str | None =
 
 
 LIBRARY_LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
-#: Libraries whose loggers print to the terminal themselves (their own handlers).
-LIBRARY_LOGGERS = ("ray", "mlflow")
+#: The loggers a run keeps in its log file: raybricks', the libraries that print to the
+#: terminal with handlers of their own, and Python's warnings.
+LOGGED = ("raybricks", "ray", "mlflow", "py.warnings")
 _verbose = False
+
+
+class TerminalHandler(logging.Handler):
+    """raybricks' own log records, on raybricks' terminal (as it is when they come)."""
+
+    def __init__(self, level: int) -> None:
+        super().__init__(level)
+        self.setFormatter(logging.Formatter("%(levelname)s: %(message)s"))
+
+    def emit(self, record: logging.LogRecord) -> None:
+        say(self.format(record))
 
 
 @contextlib.contextmanager
 def logging_to(log_file: Path) -> Iterator[None]:
-    """Python's logging (INFO and above: raybricks', and Ray's and MLflow's instead of
-    their own terminal handlers) and warnings go to ``log_file`` (appended) inside the
-    block; under ``libraries_to(..., verbose=True)`` they are shown as they come too."""
+    """The LOGGED loggers (INFO and above) and warnings go to ``log_file`` (appended),
+    and nowhere else, inside the block; under ``libraries_to(..., verbose=True)`` they
+    are shown as they come too. Other loggers (and the root's level) are left alone."""
     log_file.parent.mkdir(parents=True, exist_ok=True)
     handler = logging.FileHandler(log_file, encoding="utf-8")
     handler.setFormatter(logging.Formatter(LIBRARY_LOG_FORMAT))
-    root = logging.getLogger()
-    level = root.level
-    if any(getattr(h, "baseFilename", None) == handler.baseFilename for h in root.handlers):
-        handler.close()  # already logging there (the CLI's train): once is enough
-        handler = logging.NullHandler()
-    root.addHandler(handler)
-    root.setLevel(min(level, logging.INFO) if level else logging.INFO)
-    libraries = {name: logging.getLogger(name) for name in LIBRARY_LOGGERS}
-    saved = {name: (lg.handlers[:], lg.propagate) for name, lg in libraries.items()}
-    if not _verbose:
-        for logger in libraries.values():
-            logger.handlers, logger.propagate = [], True  # to the root's file handler
+    loggers = [logging.getLogger(name) for name in LOGGED]
+    if any(getattr(h, "baseFilename", None) == handler.baseFilename
+           for h in loggers[0].handlers):  # already logging there (the CLI's train)
+        handler.close()
+        yield
+        return
+    saved = [(logger.handlers[:], logger.propagate, logger.level) for logger in loggers]
+    shown = TerminalHandler(logging.INFO if _verbose else logging.WARNING)
+    for logger in loggers:
+        # raybricks' warnings are shown (all its lines with --verbose); with --verbose the
+        # libraries' own handlers stay too
+        ours = [shown] if logger.name == "raybricks" else []
+        if _verbose:
+            logger.handlers = logger.handlers + [handler] + ours
+        else:
+            logger.handlers, logger.propagate = [handler, *ours], False
+        if logger.level == logging.NOTSET or logger.level > logging.INFO:
+            logger.setLevel(logging.INFO)
     with warnings.catch_warnings():
         logging.captureWarnings(True)
         try:
             yield
         finally:
             logging.captureWarnings(False)
-            for name, (handlers, propagate) in saved.items():
-                libraries[name].handlers, libraries[name].propagate = handlers, propagate
-            root.removeHandler(handler)
-            root.setLevel(level)
+            for logger, (handlers, propagate, level) in zip(loggers, saved, strict=True):
+                logger.handlers, logger.propagate = handlers, propagate
+                logger.setLevel(level)
             handler.close()
 
 

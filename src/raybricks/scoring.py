@@ -191,8 +191,9 @@ def score(
     spark = spark or spark_session()
     local, manifest = fetch_model(model_uri)
     df = input if not isinstance(input, str) else read_source(source_of(input), spark)
+    rows = df.count() if isinstance(input, str) and output else None  # a table: cheap
     return _score(model_uri, local, manifest, df, output, spark, probabilities,
-                  cache_segments, partitions, start, intervals)
+                  cache_segments, partitions, start, intervals, rows)
 
 
 def fetch_model(model_uri: str) -> tuple[Path, dict]:
@@ -217,8 +218,9 @@ def fetch_model(model_uri: str) -> tuple[Path, dict]:
 
 def _score(model_uri: str, local: Path, manifest: dict, df: DataFrame, output: str | None,
            spark: SparkSession, probabilities: bool, cache_segments: int,
-           partitions: int | None, start: float, intervals: bool = False
-           ) -> ScoreSummary | DataFrame:
+           partitions: int | None, start: float, intervals: bool = False,
+           rows: int | None = None) -> ScoreSummary | DataFrame:
+    """Score ``df`` (``rows`` of them, if known: the progress bar's total)."""
     versions = library_version_problem(manifest, model_uri)
     if versions:  # once, here: not in every task that loads the model's members
         log.warning("%s", versions)
@@ -238,7 +240,7 @@ def _score(model_uri: str, local: Path, manifest: dict, df: DataFrame, output: s
                          quiet_versions=versions is not None, intervals=intervals), schema)
     if output is None:
         return scored
-    with console.spark_progress(spark, df.count(), "scoring"):
+    with console.spark_progress(spark, rows, "scoring"):
         write_output(scored, output)
     from pyspark.sql import functions as F
 
@@ -292,7 +294,7 @@ def forecast(
         keys = wanted.select(*manifest["segment_by"]).distinct()
         rows = rows.join(keys, on=manifest["segment_by"], how="inner")
     return _score(model_uri, local, manifest, rows, output, spark, False, cache_segments,
-                  partitions, start, intervals)
+                  partitions, start, intervals, len(future) if segments is None else None)
 
 
 def future_rows(directory: Path, manifest: dict, horizon: int) -> pd.DataFrame:

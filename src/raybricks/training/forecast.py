@@ -152,14 +152,20 @@ def clean_series(data: pd.DataFrame, plan: Plan) -> Series:
     zeros = float(np.mean(y == 0))
     if zeros >= INTERMITTENT_ZEROS:
         notes.append(f"intermittent: {zeros:.0%} of periods are zero")
-    return Series(frame, notes, static_values(data, spec["static"]))
+    return Series(frame, notes, static_values(data, plan))
 
 
-def static_values(data: pd.DataFrame, columns: list[str]) -> dict[str, Any]:
-    """A series' value of each static column: its last non-null one (None if none)."""
+def static_values(data: pd.DataFrame, plan: Plan) -> dict[str, Any]:
+    """A series' value of each static column: that of its latest row with one (None if
+    none has)."""
+    columns = plan.forecast["static"]
+    if not columns:
+        return {}
+    latest_last = data.iloc[np.argsort(times_of(data[plan.time_column], plan.forecast),
+                                       kind="stable")]
     values = {}
     for column in columns:
-        present = data[column].dropna()
+        present = latest_last[column].dropna()
         values[column] = present.iloc[-1] if len(present) else None
     return values
 
