@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import warnings
@@ -143,6 +144,11 @@ def test_score_reports_other_library_versions_once_on_the_driver(
         env={**os.environ, "PYTHONPATH": str(Path(scoring.__file__).parents[1])},  # this one
     )
     assert done.returncode == 0, done.stderr[-3000:]
+    out = str(tmp_path / "out.parquet")  # the verb's stages, as they start and end
+    for stage in (f"model: {model} from the registry", f"scoring: predictions into {out}"):
+        assert f"> {stage} ...\n" in done.stdout
+        assert re.search(rf"^  {re.escape(stage)}: \d+\.\d s$", done.stdout, re.M)
+    assert "scoring: 100%" in done.stdout  # the bar, in rows
     shown = done.stdout + done.stderr  # raybricks' warnings are shown, not only logged
     [line] = [s for s in shown.splitlines() if "segmented model was trained with" in s]
     assert f"scikit-learn 1.0.2 (installed here: {version('scikit-learn')})" in line

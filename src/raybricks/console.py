@@ -25,6 +25,7 @@ from typing import TextIO
 
 _terminal: TextIO | None = None  # raybricks' own output while libraries are redirected
 _quiet = False
+_depth = 0  # stages open now
 
 
 def terminal() -> TextIO:
@@ -103,21 +104,25 @@ def stage(name: str, timings: dict[str, float] | None = None, says: str | None =
           ) -> Iterator[None]:
     """Say the stage (``says``, else its ``name``) starts, then that it ended (or
     stopped) after how many seconds; its seconds go into ``timings[name]``."""
+    global _depth
     start = time.perf_counter()
-    label = says or name
+    label, indent = says or name, "  " * _depth  # a stage inside another is indented
     if not _quiet:
-        say(f"> {label} ...")
+        say(f"{indent}> {label} ...")
+    _depth += 1
     try:
         yield
     except BaseException:
         if not _quiet:
-            say(f"x {label}: stopped after {time.perf_counter() - start:.1f} s")
+            say(f"{indent}x {label}: stopped after {time.perf_counter() - start:.1f} s")
         raise
+    finally:
+        _depth -= 1
     seconds = time.perf_counter() - start
     if timings is not None:
         timings[name] = seconds
     if not _quiet:
-        say(f"  {label}: {seconds:.1f} s")
+        say(f"{indent}  {label}: {seconds:.1f} s")
 
 
 LIBRARY_LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"

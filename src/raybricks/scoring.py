@@ -189,7 +189,8 @@ def score(
 
     start = time.perf_counter()
     spark = spark or spark_session()
-    local, manifest = fetch_model(model_uri)
+    with console.stage("model", says=f"model: {model_uri} from the registry"):
+        local, manifest = fetch_model(model_uri)
     df = input if not isinstance(input, str) else read_source(source_of(input), spark)
     rows = df.count() if isinstance(input, str) and output else None  # a table: cheap
     return _score(model_uri, local, manifest, df, output, spark, probabilities,
@@ -240,7 +241,8 @@ def _score(model_uri: str, local: Path, manifest: dict, df: DataFrame, output: s
                          quiet_versions=versions is not None, intervals=intervals), schema)
     if output is None:
         return scored
-    with console.spark_progress(spark, rows, "scoring"):
+    with console.stage("scoring", says=f"scoring: predictions into {output}"), \
+            console.spark_progress(spark, rows, "scoring"):
         write_output(scored, output)
     from pyspark.sql import functions as F
 
@@ -271,7 +273,8 @@ def forecast(
 
     start = time.perf_counter()
     spark = spark or spark_session()
-    local, manifest = fetch_model(model_uri)
+    with console.stage("model", says=f"model: {model_uri} from the registry"):
+        local, manifest = fetch_model(model_uri)
     spec = manifest.get("forecast")
     if not spec:
         raise RaybricksError(f"{model_uri} is a {manifest['task']} model, not a forecasting "
