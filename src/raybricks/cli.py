@@ -40,8 +40,10 @@ def run_train(args: argparse.Namespace) -> int:
 
     config = with_run_id(JobConfig.load(args.config, args.set))
     run_dir = Path(config.training.output_dir) / str(config.training.run_id)
+    kept_sets = [s for s in args.set if s.split("=", 1)[0].strip()
+                 not in ("training.resume", "training.run_id")]
     args.resume = " ".join(
-        ["raybricks train --config", args.config, *[f"--set {s}" for s in args.set],
+        ["raybricks train --config", args.config, *[f"--set {s}" for s in kept_sets],
          "--set training.resume=true", f"--set training.run_id={config.training.run_id}"])
     args.kept = f"the results of the segments that finished are kept in {run_dir}"
     with logged(args, run_dir / LOG_FILE):
