@@ -21,9 +21,10 @@ from raybricks.compat import arrow_schema
 from raybricks.config import JobConfig
 from raybricks.console import stage
 from raybricks.data import count_segments, select_and_filter, to_ray_dataset
-from raybricks.errors import ConfigError, DataError, RaybricksError, SourceNotFound
+from raybricks.errors import DataError, RaybricksError, SourceNotFound
 from raybricks.sources import read_source
 from raybricks.training import TrainingResult, train_segments
+from raybricks.training.engine import with_run_id
 from raybricks.training.segment import make_plan
 
 if TYPE_CHECKING:
@@ -189,19 +190,6 @@ def train(
             with stage("registry", timings, "registry: MLflow run and model version"):
                 publication = publish(result, config, timings, accounting)
     return TrainingReport(result, publication, timings, accounting)
-
-
-def with_run_id(config: JobConfig) -> JobConfig:
-    """The config with its run's id settled up front (a new one unless given), so the
-    run's directory is known from the start."""
-    from raybricks.training.engine import new_run_id
-
-    if config.training.run_id:
-        return config
-    if config.training.resume:
-        raise ConfigError("training.resume needs training.run_id: the run to continue")
-    training = config.training.model_copy(update={"run_id": new_run_id()})
-    return config.model_copy(update={"training": training})
 
 
 def publish(result: TrainingResult, config: JobConfig, timings: dict[str, float] | None = None,

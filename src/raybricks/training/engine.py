@@ -314,6 +314,17 @@ def new_run_id() -> str:
     return time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
 
 
+def with_run_id(config: JobConfig) -> JobConfig:
+    """The config with its run's id settled up front (a new one unless given), so the
+    run's directory is known from the start."""
+    if config.training.run_id:
+        return config
+    if config.training.resume:
+        raise ConfigError("training.resume needs training.run_id: the run to continue")
+    training = config.training.model_copy(update={"run_id": new_run_id()})
+    return config.model_copy(update={"training": training})
+
+
 def train_segments(
     segmented: SegmentedDataset, config: JobConfig, *, progress: bool | None = None
 ) -> TrainingResult:
@@ -321,9 +332,8 @@ def train_segments(
     import ray
 
     start = time.perf_counter()
-    run_id = config.training.run_id or new_run_id()
-    if config.training.resume and not config.training.run_id:
-        raise ConfigError("training.resume needs training.run_id: the run to continue")
+    config = with_run_id(config)
+    run_id = str(config.training.run_id)
     run_dir = Path(config.training.output_dir) / run_id
     if not config.training.resume and any((run_dir / "results").glob("*.parquet")):
         raise ConfigError(
