@@ -178,6 +178,54 @@ def test_unknown_segments_without_fallback_get_null_and_a_counted_warning(
     assert any("20 row(s)" in str(w.message) for w in caught)
 
 
+def test_packaging_streams_the_parts_and_leaves_out_a_models_part_without_results(
+        shops_result, tmp_path, monkeypatch):
+    """One models part at a time into shards (row groups filled across parts), and a
+    models part whose task stopped before its results part was written is not packaged
+    (its segments were trained again, so they would otherwise have their members twice)."""
+    import dataclasses
+    import shutil
+
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(shops_result.run_dir, run_dir)
+    members = pq.read_table([str(p) for p in sorted((run_dir / "models").glob("*.parquet"))])
+    for part in (run_dir / "models").glob("*.parquet"):  # one part per segment, renamed
+        part.unlink()
+    for part in (run_dir / "results").glob("*.parquet"):
+        part.unlink()
+    results = shops_result.columns(list(shops_result.segments.columns))
+    stores = sorted(set(members.column("store").to_pylist()))
+    for i, store in enumerate(stores):
+        pq.write_table(members.filter(pc.equal(members.column("store"), store)),
+                       run_dir / "models" / f"part-{i}.parquet")
+        pq.write_table(results.filter(pc.equal(results.column("store"), store)),
+                       run_dir / "results" / f"part-{i}.parquet")
+    rest = results.filter(pc.invert(pc.is_in(results.column("store"), pa.array(stores))))
+    pq.write_table(rest, run_dir / "results" / "part-rest.parquet")
+    pq.write_table(members, run_dir / "models" / "part-orphan.parquet")  # no results part
+    result = dataclasses.replace(shops_result, run_dir=run_dir)
+    monkeypatch.setattr(packaging, "SEGMENTS_PER_ROW_GROUP", 3)
+    monkeypatch.setattr(packaging, "SEGMENTS_PER_SHARD", 5)
+    packaged = packaging.package_result(result, tmp_path / "segments")
+
+    stored = packaging.read_members(tmp_path / "segments")
+    assert stored.num_rows == members.num_rows  # the orphan's copies were left out
+    index = pq.read_table(tmp_path / "segments" / "index.parquet").to_pandas()
+    assert packaged.with_model == len(stores) == (index.shard >= 0).sum()
+    assert sorted(index.store) == sorted(results.column("store").to_pylist())
+    for shard in sorted(set(index.shard[index.shard >= 0])):  # full row groups, then shards
+        groups = index[index.shard == shard].groupby("row_group").size().tolist()
+        assert groups == [3, 2] or shard == index.shard.max()
+    frame = helpers.shops()
+    predicted = SegmentStore(tmp_path / "segments").predict(frame).values
+    expected = SegmentStore(packaging.package_result(
+        shops_result, tmp_path / "whole").directory).predict(frame).values
+    np.testing.assert_allclose(np.asarray(predicted, float), np.asarray(expected, float))
+
+
 def test_segment_store_reads_only_needed_row_groups_and_bounds_its_cache(
         shops_result, tmp_path, monkeypatch):
     monkeypatch.setattr(packaging, "SEGMENTS_PER_ROW_GROUP", 3)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ import pyarrow.parquet as pq
 
 from raybricks import kinds, metrics
 from raybricks.data import segment_starts
-from raybricks.results import TrainingResult, read_parts, rows_to_table
+from raybricks.results import TrainingResult, part_files, read_parts, rows_to_table
 from raybricks.segmented_model import (
     CLASSIFICATION,
     FALLBACK,
@@ -56,19 +57,23 @@ class Packaged:
 
 
 def package_result(result: TrainingResult, directory: Path, source: str = "") -> Packaged:
-    """Write a training run's models as a segmented model directory."""
-    results = read_parts(result.run_dir / "results")
-    metric = f"metric_{result.metric}"
+    """Write a training run's models as a segmented model directory, one models part at
+    a time (the driver never holds every member at once)."""
+    results_dir = result.run_dir / "results"
+    files = part_files(results_dir)
+    names = pq.read_schema(files[0]).names if files else []
+    metric, baseline = f"metric_{result.metric}", f"baseline_{result.metric}"
+    results = read_parts(results_dir, [c for c in [*result.segment_by, "status", "reason",
+                                                   metric, baseline, "chosen"] if c in names])
     index = pa.table({
         **{c: results.column(c) for c in result.segment_by},
         "status": results.column("status"),
         "reason": results.column("reason").cast(pa.string()),
         "metric": _float_column(results, metric),
-        "baseline": _float_column(results, f"baseline_{result.metric}"),
+        "baseline": _float_column(results, baseline),
         "chosen": _string_column(results, "chosen"),
-        "source": pa.array([source] * results.num_rows, pa.string()),
+        "source": pa.repeat(pa.scalar(source, pa.string()), results.num_rows),
     })
-    models = result.models()
     fallback = rows_to_table(result.fallback) if result.fallback else None
     manifest = {
         "format_version": FORMAT_VERSION,
@@ -76,11 +81,21 @@ def package_result(result: TrainingResult, directory: Path, source: str = "") ->
         "features": result.features,
         "task": result.task,
         "metric": result.metric,
-        "classes": _classes(models, fallback) if result.task in CLASSIFICATION else None,
         "training_run": result.run_id,
         "forecast": result.forecast,
-    }
-    return write_segments(directory, manifest, index, models, fallback)
+    } | ({} if result.task in CLASSIFICATION else {"classes": None})
+    return write_segments(directory, manifest, index, trained_members(result.run_dir),
+                          fallback)
+
+
+def trained_members(run_dir: Path) -> Iterator[pa.Table]:
+    """The members of a run's models parts, one part at a time. A models part whose
+    results part is missing (its task stopped between the two writes) is left out: its
+    segments have no result, so a resumed run trained them again."""
+    results = {f.name for f in part_files(run_dir / "results")}
+    for file in part_files(run_dir / "models"):
+        if file.name in results:
+            yield pq.read_table(file)
 
 
 def _float_column(table: pa.Table, name: str) -> pa.Array:
@@ -95,13 +110,14 @@ def _string_column(table: pa.Table, name: str) -> pa.Array:
     return table.column(name).cast(pa.string())
 
 
-def _classes(models: pa.Table, fallback: pa.Table | None) -> list:
-    """Every class label any member predicts, sorted as training sorts them."""
-    found: dict[Any, None] = {}
-    for table in (models, fallback):
-        if table is not None and table.num_rows:
-            for meta in pc.unique(table.column("meta")).to_pylist():
-                found.update(dict.fromkeys(json.loads(meta).get("classes") or []))
+def add_classes(found: dict[Any, None], members: pa.Table) -> None:
+    """Add to ``found`` every class label the ``members`` predict."""
+    for meta in pc.unique(members.column("meta")).to_pylist():
+        found.update(dict.fromkeys(json.loads(meta).get("classes") or []))
+
+
+def sorted_classes(found: dict[Any, None]) -> list:
+    """Class labels sorted as training sorts them."""
     return sorted(found, key=lambda v: (str(type(v)), v))
 
 
@@ -138,51 +154,155 @@ def _merged_libraries(*records: dict[str, Any] | None) -> dict[str, str | list[s
             for library, versions in found.items()}
 
 
+class ShardWriter:
+    """Members, whole segments at a time, into shards of at most ``SEGMENTS_PER_SHARD``
+    segments, in row groups of at most ``SEGMENTS_PER_ROW_GROUP`` that never split a
+    segment; ``located`` says where each segment went, ``kinds`` the members' kinds and
+    ``classes`` (when asked for) their class labels."""
+
+    def __init__(self, directory: Path, segment_by: list[str], classes: bool = False
+                 ) -> None:
+        self.directory, self.segment_by = directory, segment_by
+        self.schema: pa.Schema | None = None
+        self.writer: pq.ParquetWriter | None = None
+        self.shard, self.in_shard, self.group = -1, 0, 0
+        self.pending: list[pa.Table] = []  # whole segments of the next row group
+        self.pending_segments = 0
+        self.located: list[pa.Table] = []  # keys, shard, row_group per segment
+        self.kinds: set[str] = set()
+        self.classes: dict[Any, None] | None = {} if classes else None
+
+    def add(self, members: pa.Table) -> None:
+        """Add a table of whole segments (in any order)."""
+        if not members.num_rows:
+            return
+        if self.schema is None:
+            self.schema = members.schema
+        members = members.cast(self.schema).sort_by([(c, "ascending") for c in self.segment_by])
+        self.kinds |= set(pc.unique(members.column("kind")).to_pylist())
+        if self.classes is not None:
+            add_classes(self.classes, members)
+        starts = segment_starts(members, self.segment_by) + [members.num_rows]
+        first = 0
+        while first < len(starts) - 1:
+            room = min(SEGMENTS_PER_ROW_GROUP - self.pending_segments,
+                       SEGMENTS_PER_SHARD - self.in_shard - self.pending_segments)
+            last = min(first + room, len(starts) - 1)
+            self.pending.append(members.slice(starts[first], starts[last] - starts[first]))
+            self.pending_segments += last - first
+            first = last
+            if (self.pending_segments == SEGMENTS_PER_ROW_GROUP
+                    or self.in_shard + self.pending_segments == SEGMENTS_PER_SHARD):
+                self._flush()
+
+    def _flush(self) -> None:
+        if not self.pending_segments:
+            return
+        if self.writer is None:
+            self.shard += 1
+            self.writer = pq.ParquetWriter(self.directory / shard_name(self.shard),
+                                           self.schema)
+        rows = pa.concat_tables(self.pending)
+        self.writer.write_table(rows, row_group_size=rows.num_rows)
+        keys = rows.take(segment_starts(rows, self.segment_by)).select(self.segment_by)
+        self.located.append(keys.append_column(
+            "shard", pa.repeat(pa.scalar(self.shard, pa.int32()), keys.num_rows),
+        ).append_column("row_group", pa.repeat(pa.scalar(self.group, pa.int32()),
+                                               keys.num_rows)))
+        self.in_shard += self.pending_segments
+        self.group += 1
+        self.pending, self.pending_segments = [], 0
+        if self.in_shard >= SEGMENTS_PER_SHARD:
+            self._close_shard()
+
+    def _close_shard(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+        self.writer, self.in_shard, self.group = None, 0, 0
+
+    def close(self) -> pa.Table | None:
+        """Write what is pending; the keys, shard and row group of every segment written."""
+        self._flush()
+        self._close_shard()
+        if not self.located:
+            return None
+        located = pa.concat_tables(self.located)
+        if located.group_by(self.segment_by).aggregate([]).num_rows != located.num_rows:
+            raise ValueError("a segment's members came in two batches: the models parts "
+                             "of the run hold a segment twice")
+        return located
+
+
 def write_segments(
-    directory: Path, manifest: dict[str, Any], index: pa.Table, models: pa.Table,
-    fallback: pa.Table | None,
+    directory: Path, manifest: dict[str, Any], index: pa.Table,
+    members: pa.Table | Iterable[pa.Table], fallback: pa.Table | None,
 ) -> Packaged:
-    """Write members sorted by segment into shards and row groups that keep each segment
-    whole, then the index (with each segment's shard and row group) and the manifest
-    (with the versions of the libraries the members use)."""
+    """Write members (a table, or batches of whole segments) into shards and row groups
+    that keep each segment whole, then the index (with each segment's shard and row
+    group, -1 without a model) and the manifest (with the versions of the libraries the
+    members use; a manifest without ``classes`` gets the members' classes)."""
     segment_by = manifest["segment_by"]
     if directory.exists():
         shutil.rmtree(directory)
     directory.mkdir(parents=True)
-    located: dict[tuple, tuple[int, int]] = {}
-    if models.num_rows:
-        models = models.sort_by([(c, "ascending") for c in segment_by])
-        starts = segment_starts(models, segment_by) + [models.num_rows]
-        for shard, first in enumerate(range(0, len(starts) - 1, SEGMENTS_PER_SHARD)):
-            last = min(first + SEGMENTS_PER_SHARD, len(starts) - 1)
-            _write_shard(directory / shard_name(shard), models, starts,
-                         first, last, shard, segment_by, located)
-    where = [located.get(key, (-1, -1)) for key in key_tuples(index, segment_by)]
-    index = index.append_column("shard", pa.array([w[0] for w in where], pa.int32()))
-    index = index.append_column("row_group", pa.array([w[1] for w in where], pa.int32()))
+    shards = ShardWriter(directory, segment_by, classes="classes" not in manifest)
+    for batch in [members] if isinstance(members, pa.Table) else members:
+        shards.add(batch)
+    located = shards.close()
+    index = locate(index, located, segment_by)
     pq.write_table(index, directory / INDEX)
-    if fallback is not None and fallback.num_rows:
+    has_fallback = fallback is not None and fallback.num_rows > 0
+    if has_fallback:
         pq.write_table(fallback, directory / FALLBACK)
-    stored = stored_kinds([models, fallback])
+    stored = sorted(shards.kinds | set(stored_kinds([fallback])))
+    if shards.classes is not None:
+        if has_fallback:
+            add_classes(shards.classes, fallback)
+        manifest = manifest | {"classes": sorted_classes(shards.classes)}
     manifest = manifest | {
-        "has_fallback": fallback is not None and fallback.num_rows > 0,
+        "has_fallback": has_fallback,
         "kinds": stored,
         "libraries": library_versions(stored, manifest.get("libraries")),
     }
     (directory / MANIFEST).write_text(json.dumps(manifest, indent=2, default=str))
-    with_model = sum(1 for w in where if w[0] >= 0)
+    with_model = int(pc.sum(pc.greater_equal(index.column("shard"), 0)).as_py() or 0)
     return Packaged(directory, manifest, index.num_rows, with_model)
 
 
-def _write_shard(path, models, starts, first, last, shard, segment_by, located) -> None:
-    with pq.ParquetWriter(path, models.schema) as writer:
-        for group, lo in enumerate(range(first, last, SEGMENTS_PER_ROW_GROUP)):
-            hi = min(lo + SEGMENTS_PER_ROW_GROUP, last)
-            rows = models.slice(starts[lo], starts[hi] - starts[lo])
-            writer.write_table(rows, row_group_size=max(rows.num_rows, 1))
-            keys = key_tuples(rows, segment_by)
-            for position in range(lo, hi):
-                located[keys[starts[position] - starts[lo]]] = (shard, group)
+def locate(index: pa.Table, located: pa.Table | None, segment_by: list[str]) -> pa.Table:
+    """The index with each segment's ``shard`` and ``row_group`` (-1: no model); a null
+    key matches a null key, as segments group them."""
+    if located is None:
+        located = pa.table({**{c: index.column(c).slice(0, 0) for c in segment_by},
+                            "shard": pa.array([], pa.int32()),
+                            "row_group": pa.array([], pa.int32())})
+    fills = {}
+    for c in segment_by:
+        known = pc.drop_null(index.column(c))
+        fills[c] = known[0] if len(known) else None
+    left, keys = _null_safe(index, segment_by, fills)
+    right, _ = _null_safe(located.select([*segment_by, "shard", "row_group"]), segment_by,
+                          fills)
+    joined = left.join(right.drop_columns(segment_by), keys=keys, join_type="left outer")
+    joined = joined.drop_columns(keys)
+    for name in ("shard", "row_group"):
+        joined = joined.set_column(joined.schema.get_field_index(name), name,
+                                   pc.fill_null(joined.column(name), -1))
+    return joined
+
+
+def _null_safe(table: pa.Table, segment_by: list[str], fills: dict[str, Any]
+               ) -> tuple[pa.Table, list[str]]:
+    """``table`` with columns to join its segment keys on that match a null to a null: a
+    null flag per key, and the key with nulls filled (where ``fills`` has a value)."""
+    keys = []
+    for c in segment_by:
+        table = table.append_column(f"__null_{c}", pc.is_null(table.column(c)))
+        keys.append(f"__null_{c}")
+        if fills[c] is not None:
+            table = table.append_column(f"__key_{c}", pc.fill_null(table.column(c), fills[c]))
+            keys.append(f"__key_{c}")
+    return table, keys
 
 
 def read_index(directory: Path) -> pa.Table:
@@ -276,7 +396,7 @@ def merge_segments(
     fallback_path = Path(challenger) / FALLBACK
     fallback = pq.read_table(fallback_path) if fallback_path.exists() else None
     classes = set(manifest.get("classes") or []) | set(old_manifest.get("classes") or [])
-    manifest = manifest | {"classes": sorted(classes, key=lambda v: (str(type(v)), v))
+    manifest = manifest | {"classes": sorted_classes(dict.fromkeys(classes))
                            if manifest.get("classes") is not None else None,
                            "merged_from": list(labels),
                            "libraries": _merged_libraries(

@@ -128,7 +128,8 @@ def reconcile(result: TrainingResult, source_segments: int) -> dict[str, int]:
     """Check the result holds exactly one row per distinct segment of the source
     (trained + skipped + failed); returns the counts, raises AccountingError if not."""
     counts = result.counts()
-    duplicates = int(result.segments[result.segment_by].duplicated().sum())
+    keys = result.columns(result.segment_by)
+    duplicates = keys.num_rows - keys.group_by(result.segment_by).aggregate([]).num_rows
     accounting = {"source_segments": source_segments, **counts, "duplicates": duplicates}
     total = sum(counts.values())
     if total != source_segments or duplicates:

@@ -8,14 +8,17 @@ tasks finish, and returns a ``TrainingResult``; packaging and tracking only read
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from raybricks.metrics import metric
@@ -95,13 +98,22 @@ class Outcome:
                 write_part(run_dir / directory, name, data)
 
 
-def read_parts(directory: Path) -> pa.Table:
-    """The parts of a run's ``results`` or ``models`` as one table, read in parallel (every
-    part of a run is written with the same schema)."""
-    files = sorted(directory.glob("*.parquet")) if directory.exists() else []
+def part_files(directory: Path) -> list[Path]:
+    """The Parquet parts of a run's ``results`` or ``models``, in name order."""
+    return sorted(directory.glob("*.parquet")) if directory.exists() else []
+
+
+def read_parts(directory: Path, columns: list[str] | None = None) -> pa.Table:
+    """The parts of a run's ``results`` or ``models`` as one table (only those of
+    ``columns`` the parts have, if given), read in parallel (every part of a run is
+    written with the same schema)."""
+    files = part_files(directory)
     if not files:
         return pa.table({})
-    return pq.read_table([str(f) for f in files])
+    if columns is not None:
+        names = pq.read_schema(files[0]).names
+        columns = [c for c in columns if c in names]
+    return pq.read_table([str(f) for f in files], columns=columns)
 
 
 def rows_to_table(rows: list[dict[str, Any]]) -> pa.Table:
@@ -127,11 +139,20 @@ def choice_of(chosen: str | None) -> str | None:
     return labels[0] if labels[0] in ("global", "baseline") else "local"
 
 
-def choice_counts(segments: pd.DataFrame) -> dict[str, int]:
-    """Trained segments per choice (local, global, baseline, blend)."""
-    trained = segments.loc[segments.status == TRAINED, "chosen"]
-    found = trained.map(choice_of).value_counts().to_dict()
-    return {choice: int(found.get(choice, 0)) for choice in CHOICES}
+def choice_counts(segments: pa.Table | pd.DataFrame) -> dict[str, int]:
+    """Trained segments per choice (local, global, baseline, blend), from their
+    ``status`` and ``chosen`` columns (each distinct ``chosen`` is decoded once)."""
+    if isinstance(segments, pd.DataFrame):
+        segments = pa.Table.from_pandas(segments[["status", "chosen"]], preserve_index=False)
+    counts = dict.fromkeys(CHOICES, 0)
+    if not segments.num_rows:
+        return counts
+    trained = segments.filter(pc.equal(segments.column("status"), TRAINED))
+    for found in pc.value_counts(trained.column("chosen").combine_chunks()).to_pylist():
+        choice = choice_of(found["values"])
+        if choice is not None:
+            counts[choice] += found["counts"]
+    return counts
 
 
 # --------------------------------------------------------------------------- the result
@@ -141,10 +162,12 @@ def choice_counts(segments: pd.DataFrame) -> dict[str, int]:
 class TrainingResult:
     """Per-segment results and where the fitted models are stored.
 
-    ``segments``: one row per segment (keys, status, reason, chosen candidates and
-    weights, validation metric of the ensemble, of every candidate and of the baseline,
-    row counts, fit seconds). ``models()``: segment keys -> serialized members
-    (candidate, kind, weight, params, payload, meta), read from the run directory.
+    The result rows live in the run's ``results`` parts: ``columns`` reads some of their
+    columns (what the job's own summaries use, so the driver never holds them all) and
+    ``segments`` all of them as one pandas table, one row per segment (keys, status,
+    reason, chosen candidates and weights, validation metric of the ensemble, of every
+    candidate and of the baseline, row counts, fit seconds). ``models()``: segment keys
+    -> serialized members (candidate, kind, weight, params, payload, meta).
     ``fallback``: the global model's serialized members, if one was trained.
     """
 
@@ -152,7 +175,6 @@ class TrainingResult:
     run_dir: Path
     segment_by: list[str]
     metric: str
-    segments: pd.DataFrame
     fallback: list[dict[str, Any]] | None
     seconds: float
     task: str = "regression"
@@ -160,19 +182,51 @@ class TrainingResult:
     example: pd.DataFrame | None = None  # a few input rows (segment columns and features)
     forecast: dict[str, Any] | None = None  # task forecast: what ``raybricks forecast`` needs
 
+    @functools.cached_property
+    def segments(self) -> pd.DataFrame:
+        """Every result row, as pandas (read once, on first use)."""
+        return read_parts(self.run_dir / "results").to_pandas()
+
+    def columns(self, names: list[str], status: str | None = None) -> pa.Table:
+        """These columns of the result rows (only the rows of ``status``, if given)."""
+        wanted = list(dict.fromkeys([*names, *([] if status is None else ["status"])]))
+        table = read_parts(self.run_dir / "results", wanted)
+        if status is not None and table.num_rows:
+            table = table.filter(pc.equal(table.column("status"), status)).select(
+                [c for c in names if c in table.column_names])
+        return table
+
     def models(self) -> pa.Table:
         return read_parts(self.run_dir / "models")
 
+    @functools.cached_property
+    def _counts(self) -> dict[str, int]:
+        status = self.columns(["status"])
+        found = ({c["values"]: c["counts"] for c in
+                  pc.value_counts(status.column("status").combine_chunks()).to_pylist()}
+                 if status.num_rows else {})
+        return {s: int(found.get(s, 0)) for s in STATUSES}
+
     def counts(self) -> dict[str, int]:
-        counts = self.segments["status"].value_counts().to_dict()
-        return {s: int(counts.get(s, 0)) for s in STATUSES}
+        return dict(self._counts)
 
     def skip_reasons(self, limit: int | None = None) -> str:
         """Skipped segments counted by reason (the text before its first colon), most
         common first: ``too few rows (15), no target (1)``."""
-        reasons = self.segments.loc[self.segments.status == SKIPPED, "reason"]
-        top = reasons.str.split(":").str[0].value_counts().head(limit)
-        return ", ".join(f"{r} ({n})" for r, n in top.items())
+        reasons = self.columns(["reason"], SKIPPED).column("reason").combine_chunks()
+        found: dict[str, int] = {}
+        for item in pc.value_counts(reasons).to_pylist():
+            reason = str(item["values"]).split(":")[0]
+            found[reason] = found.get(reason, 0) + item["counts"]
+        top = sorted(found.items(), key=lambda item: -item[1])[:limit]
+        return ", ".join(f"{r} ({n})" for r, n in top)
+
+    def trained_values(self, column: str) -> np.ndarray:
+        """One float column of the trained segments (NaN where missing)."""
+        table = self.columns([column], TRAINED)
+        if column not in table.column_names:
+            return np.array([], dtype=float)
+        return table.column(column).cast(pa.float64()).to_numpy().astype(float)
 
     def summary(self) -> str:
         """Counts per status and the distribution of the validation metric."""
@@ -183,22 +237,21 @@ class TrainingResult:
             f"({total / max(self.seconds, 1e-9):.1f}/s): "
             + ", ".join(f"{n} {s}" for s, n in counts.items())
         ]
-        column = f"metric_{self.metric}"
-        if column in self.segments and counts[TRAINED]:
-            values = self.segments.loc[self.segments.status == TRAINED, column].astype(float)
-            q = values.quantile([0.1, 0.5, 0.9])
+        values = self.trained_values(f"metric_{self.metric}")
+        if len(values):
+            q = pd.Series(values).quantile([0.1, 0.5, 0.9])
             lines.append(
                 f"{self.metric}: p10 {q[0.1]:.4g}  median {q[0.5]:.4g}  p90 {q[0.9]:.4g}  "
-                f"mean {values.mean():.4g}"
+                f"mean {np.nanmean(values):.4g}"
             )
-            base = self.segments.loc[self.segments.status == TRAINED, f"baseline_{self.metric}"]
+            base = self.trained_values(f"baseline_{self.metric}")
             share = metric(self.metric).beats(values, base)
             lines.append(f"beats the naive baseline: {share:.0%}")
-            choices = choice_counts(self.segments)
+            choices = choice_counts(self.columns(["status", "chosen"]))
             lines.append("chosen: " + ", ".join(f"{n} {c}" for c, n in choices.items() if n))
         if counts[SKIPPED]:
             lines.append("skipped: " + self.skip_reasons(limit=5))
         if counts[FAILED]:
-            first = self.segments.loc[self.segments.status == FAILED, "reason"].iloc[0]
-            lines.append(f"failed: {counts[FAILED]}, e.g. {first}")
+            reason = self.columns(["reason"], FAILED).column("reason")[0].as_py()
+            lines.append(f"failed: {counts[FAILED]}, e.g. {reason}")
         return "\n".join(lines)

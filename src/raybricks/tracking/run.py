@@ -13,12 +13,22 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from raybricks.compat import log_run_metrics
 from raybricks.config import JobConfig
 from raybricks.metrics import metric
 from raybricks.packaging import package_result
-from raybricks.results import FAILED, SKIPPED, TRAINED, TrainingResult, choice_counts
+from raybricks.results import (
+    FAILED,
+    SKIPPED,
+    TRAINED,
+    TrainingResult,
+    choice_counts,
+    part_files,
+)
 from raybricks.tracking.model import log_segmented_model
 from raybricks.tracking.registration import (
     Publication,
@@ -58,22 +68,18 @@ def aggregate_metrics(result: TrainingResult, candidates: list[str],
     counts = result.counts()
     out: dict[str, float] = {f"segments_{s}": float(n) for s, n in counts.items()}
     out["segments_total"] = float(sum(counts.values()))
-    trained = result.segments[result.segments.status == TRAINED]
     m = result.metric
-    columns = {m: f"metric_{m}", f"baseline_{m}": f"baseline_{m}"} | {
-        f"{c}_{m}": f"{c}_{m}" for c in candidates
-    }
-    for name, column in columns.items():
-        if column in trained and len(trained):
-            values = trained[column].astype(float).dropna()
-            if len(values):
-                out[f"{name}_median"] = float(values.median())
-                out[f"{name}_p90"] = float(values.quantile(0.9))
-                out[f"{name}_mean"] = float(values.mean())
-    if len(trained) and f"baseline_{m}" in trained:
+    for name in [m, f"baseline_{m}", *(f"{c}_{m}" for c in candidates)]:
+        column = f"metric_{m}" if name == m else name
+        values = pd.Series(result.trained_values(column)).dropna()
+        if len(values):
+            out[f"{name}_median"] = float(values.median())
+            out[f"{name}_p90"] = float(values.quantile(0.9))
+            out[f"{name}_mean"] = float(values.mean())
+    if counts[TRAINED]:
         out["share_beats_baseline"] = metric(m).beats(
-            trained[f"metric_{m}"].astype(float), trained[f"baseline_{m}"].astype(float))
-    for choice, count in choice_counts(result.segments).items():
+            result.trained_values(f"metric_{m}"), result.trained_values(f"baseline_{m}"))
+    for choice, count in choice_counts(result.columns(["status", "chosen"])).items():
         out[f"segments_chose_{choice}"] = float(count)
     for stage, seconds in (timings or {}).items():
         out[f"seconds_{stage}"] = float(seconds)
@@ -84,22 +90,34 @@ def aggregate_metrics(result: TrainingResult, candidates: list[str],
 
 
 def log_tables(result: TrainingResult) -> None:
-    """The per-segment results (Parquet; also as an MLflow table when small enough for
-    the UI) and the failures and skips with their reasons."""
+    """The per-segment results (Parquet, copied part by part; also as an MLflow table
+    when small enough for the UI) and the failures and skips with their reasons."""
     import mlflow
 
-    segments = result.segments.copy()
-    problems = segments[segments.status.isin([SKIPPED, FAILED])]
+    problem = pc.field("status").isin([SKIPPED, FAILED])
     with tempfile.TemporaryDirectory() as tmp:
-        segments.to_parquet(Path(tmp) / "segments.parquet", index=False)
-        problems.to_parquet(Path(tmp) / "failures.parquet", index=False)
+        copy_parts(result.run_dir / "results", Path(tmp) / "segments.parquet")
+        copy_parts(result.run_dir / "results", Path(tmp) / "failures.parquet", problem)
         mlflow.log_artifacts(tmp, "results")
-    ui_columns = [c for c in segments.columns if c not in ("params",)]
-    if 0 < len(segments) <= LOG_TABLE_ROWS:
-        mlflow.log_table(_json_safe(segments[ui_columns]), "results/segments.json")
-    if 0 < len(problems) <= LOG_TABLE_ROWS:
-        mlflow.log_table(_json_safe(problems[result.segment_by + ["status", "reason"]]),
-                         "results/failures.json")
+        if 0 < sum(result.counts().values()) <= LOG_TABLE_ROWS:
+            segments = pd.read_parquet(Path(tmp) / "segments.parquet")
+            ui_columns = [c for c in segments.columns if c not in ("params",)]
+            mlflow.log_table(_json_safe(segments[ui_columns]), "results/segments.json")
+        problems = pq.ParquetFile(Path(tmp) / "failures.parquet")
+        if 0 < problems.metadata.num_rows <= LOG_TABLE_ROWS:
+            found = problems.read(columns=[*result.segment_by, "status", "reason"])
+            mlflow.log_table(_json_safe(found.to_pandas()), "results/failures.json")
+
+
+def copy_parts(directory: Path, path: Path, where: pc.Expression | None = None) -> None:
+    """The run's parts in ``directory`` as one Parquet file (only the rows ``where``
+    holds), one part at a time."""
+    files = part_files(directory)
+    schema = pq.read_schema(files[0]) if files else pa.schema([])
+    with pq.ParquetWriter(path, schema) as writer:
+        for file in files:
+            table = pq.read_table(file, schema=schema)
+            writer.write_table(table if where is None else table.filter(where))
 
 
 def _json_safe(frame: pd.DataFrame) -> pd.DataFrame:
@@ -111,6 +129,10 @@ def _json_safe(frame: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
+#: The most segments the model-vs-baseline plot draws (a seeded sample above it).
+PLOTTED_SEGMENTS = 20_000
+
+
 def log_plots(result: TrainingResult) -> None:
     """PNG plots: the per-segment metric's distribution, model vs baseline, the winners."""
     import matplotlib
@@ -120,32 +142,41 @@ def log_plots(result: TrainingResult) -> None:
     import mlflow
 
     m = result.metric
-    trained = result.segments[result.segments.status == TRAINED]
-    if not len(trained):
+    scores = result.columns([f"metric_{m}", f"baseline_{m}", "chosen"], TRAINED)
+    if not scores.num_rows:
         return
-    values = trained[f"metric_{m}"].astype(float)
+    values = scores.column(f"metric_{m}").cast(pa.float64()).to_numpy().astype(float)
     figure, axes = plt.subplots(figsize=(6, 4))
-    axes.hist(values.dropna(), bins=min(50, max(len(values) // 5, 5)), color="#3b7dd8")
+    axes.hist(values[np.isfinite(values)], bins=min(50, max(len(values) // 5, 5)),
+              color="#3b7dd8")
     axes.set(xlabel=f"validation {m} per segment", ylabel="segments",
              title=f"{m} over {len(values)} trained segments")
     mlflow.log_figure(figure, "plots/metric_distribution.png")
     plt.close(figure)
 
-    base = trained[f"baseline_{m}"].astype(float)
+    base = scores.column(f"baseline_{m}").cast(pa.float64()).to_numpy().astype(float)
+    if len(values) > PLOTTED_SEGMENTS:
+        shown = np.random.default_rng(0).choice(len(values), PLOTTED_SEGMENTS, replace=False)
+        values, base = values[shown], base[shown]
     figure, axes = plt.subplots(figsize=(5, 5))
     axes.scatter(base, values, s=6, alpha=0.5, color="#3b7dd8")
     finite = np.concatenate([base[np.isfinite(base)], values[np.isfinite(values)]])
     if len(finite):
         low, high = float(finite.min()), float(finite.max())
         axes.plot([low, high], [low, high], color="grey", linewidth=1)
+    sampled = f" ({len(values)} sampled)" if len(values) < scores.num_rows else ""
     axes.set(xlabel=f"naive baseline {m}", ylabel=f"model {m}",
-             title="model vs baseline (one dot per segment)")
+             title=f"model vs baseline (one dot per segment{sampled})")
     mlflow.log_figure(figure, "plots/model_vs_baseline.png")
     plt.close(figure)
 
-    chosen = trained["chosen"].dropna().map(json.loads).explode().value_counts()
+    chosen: dict[str, int] = {}
+    for found in pc.value_counts(scores.column("chosen").combine_chunks()).to_pylist():
+        for label in json.loads(found["values"]) if found["values"] else []:
+            chosen[label] = chosen.get(label, 0) + found["counts"]
+    ranked = sorted(chosen.items(), key=lambda item: -item[1])
     figure, axes = plt.subplots(figsize=(6, 4))
-    axes.bar(chosen.index.astype(str), chosen.to_numpy(), color="#3b7dd8")
+    axes.bar([str(label) for label, _ in ranked], [n for _, n in ranked], color="#3b7dd8")
     axes.set(ylabel="segments", title="chosen candidates")
     mlflow.log_figure(figure, "plots/chosen_candidates.png")
     plt.close(figure)

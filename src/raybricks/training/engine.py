@@ -50,6 +50,7 @@ from raybricks.results import (
     Outcome,
     TrainingResult,
     parquet_bytes,
+    part_files,
     read_parts,
     rows_to_table,
     write_part,
@@ -400,10 +401,10 @@ def train_segments(
         fallback = _run_fallback(refs, global_plan, config, segmented.num_rows, run_dir)
     else:
         fallback = _keep_fallback(run_dir, *forecast_fallback)
-    segments = read_parts(run_dir / "results").to_pandas()
-    example = input_example(refs, bounds, segments, plan, segmented.schema)
-    result = TrainingResult(run_id, run_dir, plan.segment_by, plan.metric, segments,
-                            fallback, time.perf_counter() - start, task=plan.task,
+    example = input_example(refs, bounds, first_trained(run_dir, plan.segment_by), plan,
+                            segmented.schema)
+    result = TrainingResult(run_id, run_dir, plan.segment_by, plan.metric, fallback,
+                            time.perf_counter() - start, task=plan.task,
                             features=plan.features, example=example,
                             forecast=forecast_manifest(plan, segmented.schema))
     log.info("%s", result.summary())
@@ -426,15 +427,26 @@ def series_end(refs, time_column: str) -> Any:
     return str(max(ends)) if ends and not isinstance(ends[0], int) else max(ends, default=None)
 
 
-def input_example(refs, bounds, segments: pd.DataFrame, plan: Plan, schema: pa.Schema
+def first_trained(run_dir: Path, segment_by: list[str]) -> tuple | None:
+    """The key of a trained segment of the run (None if none trained)."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    for part in part_files(run_dir / "results"):
+        table = pq.read_table(part, columns=[*segment_by, "status"])
+        trained = table.filter(pc.equal(table.column("status"), TRAINED))
+        if trained.num_rows:
+            return tuple(trained.column(c)[0].as_py() for c in segment_by)
+    return None
+
+
+def input_example(refs, bounds, wanted: tuple | None, plan: Plan, schema: pa.Schema
                   ) -> pd.DataFrame | None:
     """A few input rows (segment columns and features) of a trained segment, if any
     (task forecast: the periods after its history); integer features as pandas
     ``Int64``, which keeps them integers where a value is missing."""
     import ray
 
-    trained = segments[segments.status == TRAINED]
-    wanted = tuple(trained.iloc[0][plan.segment_by]) if len(trained) else None
     for ref, block in zip(refs, bounds, strict=True):
         if block and (wanted is None or any(key == wanted for key, _ in block)):
             key = wanted if wanted is not None else block[0][0]
