@@ -32,6 +32,7 @@ from raybricks.segmented_model import (
     SHARDS,
     installed_version,
     key_tuples,
+    null_safe_join,
     shard_name,
     trained_versions,
 )
@@ -270,39 +271,17 @@ def write_segments(
 
 
 def locate(index: pa.Table, located: pa.Table | None, segment_by: list[str]) -> pa.Table:
-    """The index with each segment's ``shard`` and ``row_group`` (-1: no model); a null
-    key matches a null key, as segments group them."""
+    """The index with each segment's ``shard`` and ``row_group`` (-1: no model)."""
     if located is None:
         located = pa.table({**{c: index.column(c).slice(0, 0) for c in segment_by},
                             "shard": pa.array([], pa.int32()),
                             "row_group": pa.array([], pa.int32())})
-    fills = {}
-    for c in segment_by:
-        known = pc.drop_null(index.column(c))
-        fills[c] = known[0] if len(known) else None
-    left, keys = _null_safe(index, segment_by, fills)
-    right, _ = _null_safe(located.select([*segment_by, "shard", "row_group"]), segment_by,
-                          fills)
-    joined = left.join(right.drop_columns(segment_by), keys=keys, join_type="left outer")
-    joined = joined.drop_columns(keys)
+    joined = null_safe_join(index, located.select([*segment_by, "shard", "row_group"]),
+                            segment_by)
     for name in ("shard", "row_group"):
         joined = joined.set_column(joined.schema.get_field_index(name), name,
                                    pc.fill_null(joined.column(name), -1))
     return joined
-
-
-def _null_safe(table: pa.Table, segment_by: list[str], fills: dict[str, Any]
-               ) -> tuple[pa.Table, list[str]]:
-    """``table`` with columns to join its segment keys on that match a null to a null: a
-    null flag per key, and the key with nulls filled (where ``fills`` has a value)."""
-    keys = []
-    for c in segment_by:
-        table = table.append_column(f"__null_{c}", pc.is_null(table.column(c)))
-        keys.append(f"__null_{c}")
-        if fills[c] is not None:
-            table = table.append_column(f"__key_{c}", pc.fill_null(table.column(c), fills[c]))
-            keys.append(f"__key_{c}")
-    return table, keys
 
 
 def read_index(directory: Path) -> pa.Table:

@@ -25,10 +25,13 @@ import warnings
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 if __name__ == "raybricks.segmented_model":
     from raybricks import kinds
@@ -224,6 +227,39 @@ def key_tuples(table, segment_by: list[str]) -> list[tuple]:
     return list(zip(*(table.column(c).to_pylist() for c in segment_by), strict=True))
 
 
+def null_safe_join(left: pa.Table, right: pa.Table, segment_by: list[str]) -> pa.Table:
+    """``left`` (every row, in any order) with the other columns of the ``right`` row of
+    the same segment key (nulls where none); a null key matches a null key, as segments
+    group them (Arrow's join alone never matches nulls)."""
+    keys: list[str] = []
+    sides = [left, right]
+    for c in segment_by:
+        fill = _first_value(left.column(c))
+        fill = fill if fill is not None else _first_value(right.column(c))
+        sides = [_with_join_keys(side, c, fill) for side in sides]
+        keys += [f"__null_{c}"] + ([f"__key_{c}"] if fill is not None else [])
+    joined = sides[0].join(sides[1].drop_columns(segment_by), keys=keys,
+                           join_type="left outer")
+    return joined.drop_columns(keys)
+
+
+def _first_value(column: pa.ChunkedArray) -> pa.Scalar | None:
+    import pyarrow.compute as pc
+
+    known = pc.drop_null(column)
+    return known[0] if len(known) else None
+
+
+def _with_join_keys(table: pa.Table, column: str, fill: pa.Scalar | None) -> pa.Table:
+    """A null flag for ``column``, and the column with its nulls filled (by ``fill``)."""
+    import pyarrow.compute as pc
+
+    table = table.append_column(f"__null_{column}", pc.is_null(table.column(column)))
+    if fill is None:
+        return table
+    return table.append_column(f"__key_{column}", pc.fill_null(table.column(column), fill))
+
+
 def missing_columns(columns, segment_by: list[str], features: list[str]) -> str | None:
     """What is wrong when input columns lack the segment columns or features, else None."""
     missing = [c for c in segment_by + features if c not in columns]
@@ -264,16 +300,11 @@ class SegmentStore:
         self.segment_by: list[str] = self.manifest["segment_by"]
         self.features: list[str] = self.manifest["features"]
         self.task: str = self.manifest["task"]
-        index = pq.read_table(self.directory / INDEX)
-        self.key_schema = pa.schema([index.schema.field(c) for c in self.segment_by])
-        keys = key_tuples(index, self.segment_by)
-        self.entries: dict[tuple, tuple[str, int, int]] = {
-            key: (status, shard, group)
-            for key, status, shard, group in zip(
-                keys, index.column("status").to_pylist(), index.column("shard").to_pylist(),
-                index.column("row_group").to_pylist(), strict=True,
-            )
-        }
+        # Arrow columns, looked up with a hash join: a few bytes per segment, where
+        # Python objects would take hundreds (a million segments' index is ~30 MB)
+        self.index = pq.read_table(self.directory / INDEX,
+                                   columns=[*self.segment_by, "status", "shard", "row_group"])
+        self.key_schema = pa.schema([self.index.schema.field(c) for c in self.segment_by])
         self.cache_segments = max(int(cache_segments), 1)
         self._cache: OrderedDict[tuple, SegmentModel] = OrderedDict()
         self.fallback: SegmentModel | None = None
@@ -282,19 +313,33 @@ class SegmentStore:
                                                    .select(MEMBER_COLUMNS).to_pylist())
 
     def __len__(self) -> int:
-        return len(self.entries)
+        return self.index.num_rows
 
-    def models(self, keys: list[tuple]) -> dict[tuple, SegmentModel]:
-        """The models of these segments (those that have one), from cache or shards."""
+    def locate(self, keys: pa.Table) -> pa.Table:
+        """Per key (typed as the index's, in order): its ``status`` (null: unknown),
+        ``shard`` and ``row_group`` (-1: no model)."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        asked = keys.append_column("__position", pa.array(np.arange(keys.num_rows)))
+        found = null_safe_join(asked, self.index, self.segment_by).sort_by("__position")
+        return pa.table({"status": found.column("status"),
+                         "shard": pc.fill_null(found.column("shard"), -1),
+                         "row_group": pc.fill_null(found.column("row_group"), -1)})
+
+    def models(self, keys: list[tuple], where: pa.Table) -> dict[tuple, SegmentModel]:
+        """The models of these segments (those that have one, ``where`` says: ``locate``),
+        from cache or shards."""
         import pyarrow.parquet as pq
 
         found, wanted = {}, {}
-        for key in keys:
+        for key, shard, group in zip(keys, where.column("shard").to_pylist(),
+                                     where.column("row_group").to_pylist(), strict=True):
             if key in self._cache:
                 self._cache.move_to_end(key)
                 found[key] = self._cache[key]
-            elif key in self.entries and self.entries[key][1] >= 0:
-                wanted.setdefault(self.entries[key][1:], set()).add(key)
+            elif shard >= 0:
+                wanted.setdefault((shard, group), set()).add(key)
         for (shard, group), needed in sorted(wanted.items()):
             path = self.directory / shard_name(shard)
             rows = pq.ParquetFile(path).read_row_group(group).to_pylist()
@@ -314,9 +359,9 @@ class SegmentStore:
             self._cache.popitem(last=False)
         return model
 
-    def segment_keys(self, frame: pd.DataFrame) -> tuple[list[tuple], np.ndarray]:
+    def segment_keys(self, frame: pd.DataFrame) -> tuple[pa.Table, np.ndarray]:
         """The distinct segment keys of the rows (typed as in training) and, per row, the
-        position of its key in that list."""
+        position of its key among them."""
         import pyarrow as pa
 
         keys = frame[self.segment_by]
@@ -330,7 +375,7 @@ class SegmentStore:
                 f"segment columns {self.segment_by} cannot be read as the model's key types "
                 f"({self.key_schema}): {exc}"
             ) from exc
-        return key_tuples(typed, self.segment_by), codes
+        return typed, codes
 
     def predict(self, frame: pd.DataFrame, probabilities: bool = False,
                 intervals: bool = False) -> Prediction:
@@ -340,10 +385,12 @@ class SegmentStore:
         if problem:
             raise ValueError(problem)
         frame = frame.reset_index(drop=True)
-        keys, codes = self.segment_keys(frame)
+        typed, codes = self.segment_keys(frame)
+        keys, where = key_tuples(typed, self.segment_by), self.locate(typed)
         order = np.argsort(codes, kind="stable")
         cuts = np.searchsorted(codes[order], np.arange(len(keys) + 1))
-        models = self.models(keys)
+        models = self.models(keys, where)
+        statuses = where.column("status").to_pylist()
         status = np.empty(len(frame), dtype=object)
         levels = (self.manifest.get("forecast") or {}).get("intervals") or []
         if intervals and not levels:
@@ -354,8 +401,7 @@ class SegmentStore:
         forecasts = bool(self.manifest.get("forecast"))  # a series needs its own history
         for position, key in enumerate(keys):
             rows = order[cuts[position]:cuts[position + 1]]
-            known = self.entries.get(key)
-            status[rows] = known[0] if known else "unknown"
+            status[rows] = statuses[position] or "unknown"
             model = models.get(key) or (None if forecasts else self.fallback)
             if model is None:
                 unscored += len(rows)
