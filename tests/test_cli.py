@@ -57,6 +57,11 @@ training: {{output_dir: "{tmp_path / 'runs'}", run_id: cli}}
     for library_line in (spark_line, "Connected to Ray cluster", "mlflow"):
         assert library_line in logged
         assert library_line not in result.stdout + result.stderr
+    # in raybricks' format, which ray.init (setting its own on the ray logger's handlers)
+    # does not replace; Ray's own terminal handler is not writing there too
+    assert " INFO raybricks.training.engine: training 11 segments" in logged
+    assert " INFO mlflow." in logged
+    assert logged.count("Connected to Ray cluster") == 1
     rows = pd.read_parquet(tmp_path / "runs" / "cli" / "results")
     assert set(rows.store) == set(helpers.shops().store)
     s1 = rows.set_index("store").loc["s1"]

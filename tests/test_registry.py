@@ -371,7 +371,7 @@ def test_ten_thousand_segment_model_round_trip(shops_result, tmp_path, capsys):
     manifest = {"format_version": 1, "segment_by": ["store"], "features": ["x1", "x2", "color"],
                 "task": "regression", "metric": "rmse", "classes": None}
     start = time.perf_counter()
-    packaged = packaging.write_segments(tmp_path / "segments", manifest, index, many, None)
+    packaged = packaging.write_segments(tmp_path / "segments", manifest, [(index, many)], None)
     with mlflow.start_run():
         info = tracking.model.log_segmented_model(packaged, helpers.shops().head(5).assign(
             store="k00000"), "segmented_model")

@@ -130,6 +130,7 @@ LIBRARY_LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 #: terminal with handlers of their own, and Python's warnings.
 LOGGED = ("raybricks", "ray", "mlflow", "py.warnings")
 _verbose = False
+_log_files: list[logging.Handler] = []  # the file handlers of the logging_to blocks open
 
 
 class TerminalHandler(logging.Handler):
@@ -143,14 +144,28 @@ class TerminalHandler(logging.Handler):
         say(self.format(record))
 
 
+class LogFileHandler(logging.FileHandler):
+    """A log file in raybricks' format, whoever sets a formatter on it later (``ray.init``
+    sets its own on every handler of the ``ray`` logger)."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path, encoding="utf-8")
+        super().setFormatter(logging.Formatter(LIBRARY_LOG_FORMAT))
+
+    def setFormatter(self, fmt: logging.Formatter | None) -> None:  # noqa: N802
+        """Keep raybricks' format."""
+
+
 @contextlib.contextmanager
 def logging_to(log_file: Path) -> Iterator[None]:
     """The LOGGED loggers (INFO and above) and warnings go to ``log_file`` (appended),
     and nowhere else, inside the block; under ``libraries_to(..., verbose=True)`` they
     are shown as they come too. Other loggers (and the root's level) are left alone."""
     log_file.parent.mkdir(parents=True, exist_ok=True)
-    handler = logging.FileHandler(log_file, encoding="utf-8")
-    handler.setFormatter(logging.Formatter(LIBRARY_LOG_FORMAT))
+    handler = LogFileHandler(log_file)
+    import mlflow  # noqa: F401  # importing them sets their loggers' handlers (replacing or
+    import ray  # noqa: F401  # adding to ours): done before the swap, not inside the block
+
     loggers = [logging.getLogger(name) for name in LOGGED]
     if any(getattr(h, "baseFilename", None) == handler.baseFilename
            for h in loggers[0].handlers):  # already logging there (the CLI's train)
@@ -158,23 +173,26 @@ def logging_to(log_file: Path) -> Iterator[None]:
         yield
         return
     saved = [(logger.handlers[:], logger.propagate, logger.level) for logger in loggers]
+    nested = bool(_log_files)  # inside another block (the CLI's): its log keeps its lines
     shown = TerminalHandler(logging.INFO if _verbose else logging.WARNING)
     for logger in loggers:
         # raybricks' warnings are shown (all its lines with --verbose); with --verbose the
         # libraries' own handlers stay too
-        ours = [shown] if logger.name == "raybricks" else []
-        if _verbose:
+        ours = [shown] if logger.name == "raybricks" and not nested else []
+        if _verbose or nested:
             logger.handlers = logger.handlers + [handler] + ours
         else:
             logger.handlers, logger.propagate = [handler, *ours], False
         if logger.level == logging.NOTSET or logger.level > logging.INFO:
             logger.setLevel(logging.INFO)
+    _log_files.append(handler)
     with warnings.catch_warnings():
         logging.captureWarnings(True)
         try:
             yield
         finally:
-            logging.captureWarnings(False)
+            _log_files.remove(handler)
+            logging.captureWarnings(nested)
             for logger, (handlers, propagate, level) in zip(loggers, saved, strict=True):
                 logger.handlers, logger.propagate = handlers, propagate
                 logger.setLevel(level)

@@ -128,6 +128,13 @@ class Metric:
             return abs(value)
         return -value if self.greater_is_better else value
 
+    def losses(self, values: np.ndarray) -> np.ndarray:
+        """``loss`` of every value (missing: infinite), so ``losses(a) < losses(b)`` is
+        ``better`` element by element."""
+        values = np.asarray(values, dtype=float)
+        found = np.abs(values) if self.signed else -values if self.greater_is_better else values
+        return np.where(np.isnan(values), np.inf, found)
+
     def better(self, a: float | None, b: float | None) -> bool:
         """True when ``a`` is strictly better than ``b``; a missing value (None or NaN)
         is never better, and any value is better than a missing one."""

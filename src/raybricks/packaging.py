@@ -17,13 +17,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from raybricks import kinds, metrics
 from raybricks.data import segment_starts
-from raybricks.results import TrainingResult, part_files, read_parts, rows_to_table
+from raybricks.results import TrainingResult, part_files, rows_to_table
 from raybricks.segmented_model import (
     CLASSIFICATION,
     FALLBACK,
@@ -31,7 +32,6 @@ from raybricks.segmented_model import (
     MANIFEST,
     SHARDS,
     installed_version,
-    key_tuples,
     null_safe_join,
     shard_name,
     trained_versions,
@@ -58,23 +58,8 @@ class Packaged:
 
 
 def package_result(result: TrainingResult, directory: Path, source: str = "") -> Packaged:
-    """Write a training run's models as a segmented model directory, one models part at
-    a time (the driver never holds every member at once)."""
-    results_dir = result.run_dir / "results"
-    files = part_files(results_dir)
-    names = pq.read_schema(files[0]).names if files else []
-    metric, baseline = f"metric_{result.metric}", f"baseline_{result.metric}"
-    results = read_parts(results_dir, [c for c in [*result.segment_by, "status", "reason",
-                                                   metric, baseline, "chosen"] if c in names])
-    index = pa.table({
-        **{c: results.column(c) for c in result.segment_by},
-        "status": results.column("status"),
-        "reason": results.column("reason").cast(pa.string()),
-        "metric": _float_column(results, metric),
-        "baseline": _float_column(results, baseline),
-        "chosen": _string_column(results, "chosen"),
-        "source": pa.repeat(pa.scalar(source, pa.string()), results.num_rows),
-    })
+    """Write a training run's models as a segmented model directory, one part of the run
+    at a time (the driver never holds every segment's row or member at once)."""
     fallback = rows_to_table(result.fallback) if result.fallback else None
     manifest = {
         "format_version": FORMAT_VERSION,
@@ -85,18 +70,28 @@ def package_result(result: TrainingResult, directory: Path, source: str = "") ->
         "training_run": result.run_id,
         "forecast": result.forecast,
     } | ({} if result.task in CLASSIFICATION else {"classes": None})
-    return write_segments(directory, manifest, index, trained_members(result.run_dir),
-                          fallback)
+    return write_segments(directory, manifest, run_parts(result, source), fallback)
 
 
-def trained_members(run_dir: Path) -> Iterator[pa.Table]:
-    """The members of a run's models parts, one part at a time. A models part whose
-    results part is missing (its task stopped between the two writes) is left out: its
-    segments have no result, so a resumed run trained them again."""
-    results = {f.name for f in part_files(run_dir / "results")}
-    for file in part_files(run_dir / "models"):
-        if file.name in results:
-            yield pq.read_table(file)
+def run_parts(result: TrainingResult, source: str) -> Iterator[tuple[pa.Table, pa.Table]]:
+    """Per results part of the run: its index rows and the members of its models part
+    (of the same name). A models part without its results part (its task stopped between
+    the two writes) is left out: its segments have no result, so a resumed run trained
+    them again."""
+    metric, baseline = f"metric_{result.metric}", f"baseline_{result.metric}"
+    for file in part_files(result.run_dir / "results"):
+        results = pq.read_table(file)
+        index = pa.table({
+            **{c: results.column(c) for c in result.segment_by},
+            "status": results.column("status"),
+            "reason": results.column("reason").cast(pa.string()),
+            "metric": _float_column(results, metric),
+            "baseline": _float_column(results, baseline),
+            "chosen": _string_column(results, "chosen"),
+            "source": pa.repeat(pa.scalar(source, pa.string()), results.num_rows),
+        })
+        models = result.run_dir / "models" / file.name
+        yield index, pq.read_table(models) if models.exists() else pa.table({})
 
 
 def _float_column(table: pa.Table, name: str) -> pa.Array:
@@ -158,7 +153,7 @@ def _merged_libraries(*records: dict[str, Any] | None) -> dict[str, str | list[s
 class ShardWriter:
     """Members, whole segments at a time, into shards of at most ``SEGMENTS_PER_SHARD``
     segments, in row groups of at most ``SEGMENTS_PER_ROW_GROUP`` that never split a
-    segment; ``located`` says where each segment went, ``kinds`` the members' kinds and
+    segment; ``add`` says where each segment goes, ``kinds`` are the members' kinds and
     ``classes`` (when asked for) their class labels."""
 
     def __init__(self, directory: Path, segment_by: list[str], classes: bool = False
@@ -169,14 +164,14 @@ class ShardWriter:
         self.shard, self.in_shard, self.group = -1, 0, 0
         self.pending: list[pa.Table] = []  # whole segments of the next row group
         self.pending_segments = 0
-        self.located: list[pa.Table] = []  # keys, shard, row_group per segment
         self.kinds: set[str] = set()
         self.classes: dict[Any, None] | None = {} if classes else None
 
-    def add(self, members: pa.Table) -> None:
-        """Add a table of whole segments (in any order)."""
+    def add(self, members: pa.Table) -> pa.Table | None:
+        """Add a table of whole segments (in any order); their keys, ``shard`` and
+        ``row_group``."""
         if not members.num_rows:
-            return
+            return None
         if self.schema is None:
             self.schema = members.schema
         members = members.cast(self.schema).sort_by([(c, "ascending") for c in self.segment_by])
@@ -184,17 +179,23 @@ class ShardWriter:
         if self.classes is not None:
             add_classes(self.classes, members)
         starts = segment_starts(members, self.segment_by) + [members.num_rows]
+        shards, groups = [], []
         first = 0
         while first < len(starts) - 1:
             room = min(SEGMENTS_PER_ROW_GROUP - self.pending_segments,
                        SEGMENTS_PER_SHARD - self.in_shard - self.pending_segments)
             last = min(first + room, len(starts) - 1)
             self.pending.append(members.slice(starts[first], starts[last] - starts[first]))
+            shards += [self.shard + (self.writer is None)] * (last - first)
+            groups += [self.group] * (last - first)
             self.pending_segments += last - first
             first = last
             if (self.pending_segments == SEGMENTS_PER_ROW_GROUP
                     or self.in_shard + self.pending_segments == SEGMENTS_PER_SHARD):
                 self._flush()
+        keys = members.take(starts[:-1]).select(self.segment_by)
+        return keys.append_column("shard", pa.array(shards, pa.int32())).append_column(
+            "row_group", pa.array(groups, pa.int32()))
 
     def _flush(self) -> None:
         if not self.pending_segments:
@@ -205,11 +206,6 @@ class ShardWriter:
                                            self.schema)
         rows = pa.concat_tables(self.pending)
         self.writer.write_table(rows, row_group_size=rows.num_rows)
-        keys = rows.take(segment_starts(rows, self.segment_by)).select(self.segment_by)
-        self.located.append(keys.append_column(
-            "shard", pa.repeat(pa.scalar(self.shard, pa.int32()), keys.num_rows),
-        ).append_column("row_group", pa.repeat(pa.scalar(self.group, pa.int32()),
-                                               keys.num_rows)))
         self.in_shard += self.pending_segments
         self.group += 1
         self.pending, self.pending_segments = [], 0
@@ -221,37 +217,38 @@ class ShardWriter:
             self.writer.close()
         self.writer, self.in_shard, self.group = None, 0, 0
 
-    def close(self) -> pa.Table | None:
-        """Write what is pending; the keys, shard and row group of every segment written."""
+    def close(self) -> None:
+        """Write what is pending."""
         self._flush()
         self._close_shard()
-        if not self.located:
-            return None
-        located = pa.concat_tables(self.located)
-        if located.group_by(self.segment_by).aggregate([]).num_rows != located.num_rows:
-            raise ValueError("a segment's members came in two batches: the models parts "
-                             "of the run hold a segment twice")
-        return located
 
 
 def write_segments(
-    directory: Path, manifest: dict[str, Any], index: pa.Table,
-    members: pa.Table | Iterable[pa.Table], fallback: pa.Table | None,
+    directory: Path, manifest: dict[str, Any], parts: Iterable[tuple[pa.Table, pa.Table]],
+    fallback: pa.Table | None,
 ) -> Packaged:
-    """Write members (a table, or batches of whole segments) into shards and row groups
-    that keep each segment whole, then the index (with each segment's shard and row
-    group, -1 without a model) and the manifest (with the versions of the libraries the
-    members use; a manifest without ``classes`` gets the members' classes)."""
+    """Write ``parts`` (index rows, and the members of those of their segments that have
+    a model) one at a time: members into shards and row groups that keep each segment
+    whole, index rows with each segment's shard and row group (-1 without a model); then
+    the manifest (with the versions of the libraries the members use; a manifest without
+    ``classes`` gets the members' classes)."""
     segment_by = manifest["segment_by"]
     if directory.exists():
         shutil.rmtree(directory)
     directory.mkdir(parents=True)
     shards = ShardWriter(directory, segment_by, classes="classes" not in manifest)
-    for batch in [members] if isinstance(members, pa.Table) else members:
-        shards.add(batch)
-    located = shards.close()
-    index = locate(index, located, segment_by)
-    pq.write_table(index, directory / INDEX)
+    index_writer: pq.ParquetWriter | None = None
+    segments = with_model = 0
+    for index, members in parts:
+        index = locate(index, shards.add(members), segment_by)
+        if index_writer is None:
+            index_writer = pq.ParquetWriter(directory / INDEX, index.schema)
+        index_writer.write_table(index.cast(index_writer.schema))
+        segments += index.num_rows
+        with_model += int(pc.sum(pc.greater_equal(index.column("shard"), 0)).as_py() or 0)
+    shards.close()
+    if index_writer is not None:
+        index_writer.close()
     has_fallback = fallback is not None and fallback.num_rows > 0
     if has_fallback:
         pq.write_table(fallback, directory / FALLBACK)
@@ -266,8 +263,7 @@ def write_segments(
         "libraries": library_versions(stored, manifest.get("libraries")),
     }
     (directory / MANIFEST).write_text(json.dumps(manifest, indent=2, default=str))
-    with_model = int(pc.sum(pc.greater_equal(index.column("shard"), 0)).as_py() or 0)
-    return Packaged(directory, manifest, index.num_rows, with_model)
+    return Packaged(directory, manifest, segments, with_model)
 
 
 def locate(index: pa.Table, located: pa.Table | None, segment_by: list[str]) -> pa.Table:
@@ -319,24 +315,31 @@ class Comparison:
                 "challenger_wins": self.challenger_wins, "not_worse": self.not_worse}
 
 
-def _trained_metrics(index: pa.Table, segment_by: list[str]) -> dict[tuple, float]:
+def _trained_metrics(index: pa.Table, segment_by: list[str], name: str) -> pa.Table:
+    """The trained segments' keys and metric (as column ``name``)."""
     rows = index.filter(pc.equal(index.column("status"), "trained"))
-    return dict(zip(key_tuples(rows, segment_by), rows.column("metric").to_pylist(),
-                    strict=True))
+    return rows.select([*segment_by, "metric"]).rename_columns([*segment_by, name])
+
+
+def _floats(table: pa.Table, name: str) -> np.ndarray:
+    return table.column(name).cast(pa.float64()).to_numpy().astype(float)
 
 
 def compare(challenger: Path, champion: Path) -> Comparison:
     """Compare two segmented models on the segments both trained."""
     manifest = json.loads((Path(challenger) / MANIFEST).read_text())
     segment_by, metric = manifest["segment_by"], manifest["metric"]
-    new = _trained_metrics(read_index(challenger), segment_by)
-    old = _trained_metrics(read_index(champion), segment_by)
-    common = [k for k in new if k in old and new[k] == new[k] and old[k] == old[k]]
-    mean_new = sum(new[k] for k in common) / len(common) if common else float("nan")
-    mean_old = sum(old[k] for k in common) / len(common) if common else float("nan")
-    better = metrics.metric(metric).better
-    wins = sum(better(new[k], old[k]) for k in common)
-    return Comparison(metric, len(common), mean_new, mean_old, wins)
+    both = null_safe_join(_trained_metrics(read_index(challenger), segment_by, "new"),
+                          _trained_metrics(read_index(champion), segment_by, "old"),
+                          segment_by)
+    new, old = _floats(both, "new"), _floats(both, "old")
+    common = ~np.isnan(new) & ~np.isnan(old)
+    new, old = new[common], old[common]
+    losses = metrics.metric(metric).losses
+    return Comparison(metric, int(common.sum()),
+                      float(new.mean()) if len(new) else float("nan"),
+                      float(old.mean()) if len(old) else float("nan"),
+                      int((losses(new) < losses(old)).sum()))
 
 
 def merge_segments(
@@ -355,22 +358,26 @@ def merge_segments(
             "use registry.promote=if_better or always"
         )
     new_index, old_index = read_index(challenger), read_index(champion)
-    new = _trained_metrics(new_index, segment_by)
-    old = _trained_metrics(old_index, segment_by)
-    better = metrics.metric(metric).better
-    from_old = {k for k in old if k not in new or better(old[k], new[k])}
+    new = _trained_metrics(new_index, segment_by, "new")
+    both = null_safe_join(_trained_metrics(old_index, segment_by, "old"),
+                          new.append_column("__trained", pa.repeat(True, new.num_rows)),
+                          segment_by)
+    losses = metrics.metric(metric).losses
+    better = losses(_floats(both, "old")) < losses(_floats(both, "new"))
+    from_old = both.filter(pc.or_(pc.is_null(both.column("__trained")),
+                                  pa.array(better))).select(segment_by)
     index_columns = list(segment_by) + list(INDEX_COLUMNS)
-    new_rows = _drop_keys(new_index.select(index_columns), segment_by, from_old)
-    old_rows = _keep_keys(old_index.select(index_columns), segment_by, from_old)
+    _, new_rows = _split_by_keys(new_index.select(index_columns), segment_by, from_old)
+    old_rows, _ = _split_by_keys(old_index.select(index_columns), segment_by, from_old)
     index = pa.concat_tables([
         new_rows.set_column(new_rows.schema.get_field_index("source"), "source",
-                            pa.array([labels[0]] * new_rows.num_rows, pa.string())),
+                            pa.repeat(pa.scalar(labels[0], pa.string()), new_rows.num_rows)),
         old_rows.set_column(old_rows.schema.get_field_index("source"), "source",
-                            pa.array([labels[1]] * old_rows.num_rows, pa.string())),
+                            pa.repeat(pa.scalar(labels[1], pa.string()), old_rows.num_rows)),
     ], promote_options="permissive")
     members = pa.concat_tables([
-        _drop_keys(read_members(challenger), segment_by, from_old),
-        _keep_keys(read_members(champion), segment_by, from_old),
+        _split_by_keys(read_members(challenger), segment_by, from_old)[1],
+        _split_by_keys(read_members(champion), segment_by, from_old)[0],
     ], promote_options="permissive")
     fallback_path = Path(challenger) / FALLBACK
     fallback = pq.read_table(fallback_path) if fallback_path.exists() else None
@@ -380,21 +387,17 @@ def merge_segments(
                            "merged_from": list(labels),
                            "libraries": _merged_libraries(
                                manifest.get("libraries"),
-                               old_manifest.get("libraries") if from_old else None)}
-    return write_segments(directory, manifest, index, members, fallback)
+                               old_manifest.get("libraries") if from_old.num_rows else None)}
+    return write_segments(directory, manifest, [(index, members)], fallback)
 
 
-def _key_mask(table: pa.Table, segment_by: list[str], keys: set[tuple]) -> pa.Array:
-    return pa.array([key in keys for key in key_tuples(table, segment_by)], pa.bool_())
-
-
-def _keep_keys(table: pa.Table, segment_by: list[str], keys: set[tuple]) -> pa.Table:
+def _split_by_keys(table: pa.Table, segment_by: list[str], keys: pa.Table
+                   ) -> tuple[pa.Table, pa.Table]:
+    """The rows of ``table`` whose segment is one of ``keys``, and the others."""
     if not table.num_rows:
-        return table
-    return table.filter(_key_mask(table, segment_by, keys))
-
-
-def _drop_keys(table: pa.Table, segment_by: list[str], keys: set[tuple]) -> pa.Table:
-    if not table.num_rows:
-        return table
-    return table.filter(pc.invert(_key_mask(table, segment_by, keys)))
+        return table, table
+    listed = keys.append_column("__listed", pa.repeat(True, keys.num_rows))
+    marked = null_safe_join(table, listed, segment_by)
+    inside = pc.is_valid(marked.column("__listed"))
+    marked = marked.drop_columns(["__listed"])
+    return marked.filter(inside), marked.filter(pc.invert(inside))

@@ -22,6 +22,7 @@ from raybricks.config import JobConfig
 from raybricks.console import stage
 from raybricks.data import count_segments, select_and_filter, to_ray_dataset
 from raybricks.errors import DataError, RaybricksError, SourceNotFound
+from raybricks.results import release_memory
 from raybricks.sources import read_source
 from raybricks.training import TrainingResult, train_segments
 from raybricks.training.engine import with_run_id
@@ -184,8 +185,10 @@ def train(
                 )
             with stage("training", timings, f"training (run {config.training.run_id})"):
                 result = train_segments(segmented, config)
+            del segmented  # its index of every segment: the results are on disk now
+        release_memory()
         with stage("accounting", timings, "accounting: one result per source segment"):
-            accounting = reconcile(result, count_segments(df, segmented.segment_by))
+            accounting = reconcile(result, count_segments(df, config.segment_by))
         publication = None
         if register:
             with stage("registry", timings, "registry: MLflow run and model version"):

@@ -28,6 +28,7 @@ from raybricks.results import (
     TrainingResult,
     choice_counts,
     part_files,
+    release_memory,
 )
 from raybricks.tracking.model import log_segmented_model
 from raybricks.tracking.registration import (
@@ -224,7 +225,9 @@ def publish(result: TrainingResult, config: JobConfig, *,
         log_run_metrics(metrics)
         log_tables(result)
         log_plots(result)
+        release_memory()
         packaged = package_result(result, Path(tmp) / "challenger" / "segments", "challenger")
+        release_memory()
         info = log_segmented_model(packaged, result.example, MODEL_NAME)
         mlflow.set_tag("raybricks.model_uri", info.model_uri)
         log_run_metrics({"model_size_bytes": float(packaged.size_bytes),
