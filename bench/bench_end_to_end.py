@@ -50,6 +50,9 @@ import pandas as pd  # noqa: E402
 from sklearn.linear_model import LinearRegression  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(__file__))
+# Spark's and Ray's Python workers import the per-segment work from here too
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    [os.path.dirname(os.path.abspath(__file__)), *filter(None, [os.environ.get("PYTHONPATH")])])
 
 from bench_training import FEATURES, TARGET, fit_one_segment, make_data, parse_sizes  # noqa: E402
 from common import RESULTS  # noqa: E402
