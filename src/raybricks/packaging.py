@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 
 from raybricks import kinds, metrics
 from raybricks.data import segment_starts
-from raybricks.results import TrainingResult, part_files, rows_to_table
+from raybricks.results import TrainingResult, float_values, part_files, rows_to_table
 from raybricks.segmented_model import (
     CLASSIFICATION,
     FALLBACK,
@@ -321,10 +321,6 @@ def _trained_metrics(index: pa.Table, segment_by: list[str], name: str) -> pa.Ta
     return rows.select([*segment_by, "metric"]).rename_columns([*segment_by, name])
 
 
-def _floats(table: pa.Table, name: str) -> np.ndarray:
-    return table.column(name).cast(pa.float64()).to_numpy().astype(float)
-
-
 def compare(challenger: Path, champion: Path) -> Comparison:
     """Compare two segmented models on the segments both trained."""
     manifest = json.loads((Path(challenger) / MANIFEST).read_text())
@@ -332,7 +328,7 @@ def compare(challenger: Path, champion: Path) -> Comparison:
     both = null_safe_join(_trained_metrics(read_index(challenger), segment_by, "new"),
                           _trained_metrics(read_index(champion), segment_by, "old"),
                           segment_by)
-    new, old = _floats(both, "new"), _floats(both, "old")
+    new, old = float_values(both, "new"), float_values(both, "old")
     common = ~np.isnan(new) & ~np.isnan(old)
     new, old = new[common], old[common]
     losses = metrics.metric(metric).losses
@@ -363,7 +359,7 @@ def merge_segments(
                           new.append_column("__trained", pa.repeat(True, new.num_rows)),
                           segment_by)
     losses = metrics.metric(metric).losses
-    better = losses(_floats(both, "old")) < losses(_floats(both, "new"))
+    better = losses(float_values(both, "old")) < losses(float_values(both, "new"))
     from_old = both.filter(pc.or_(pc.is_null(both.column("__trained")),
                                   pa.array(better))).select(segment_by)
     index_columns = list(segment_by) + list(INDEX_COLUMNS)

@@ -117,6 +117,13 @@ def read_parts(directory: Path, columns: list[str] | None = None) -> pa.Table:
     return pq.read_table([str(f) for f in files], columns=columns)
 
 
+def float_values(table: pa.Table, name: str) -> np.ndarray:
+    """A column of ``table`` as floats, NaN where missing (none if the table lacks it)."""
+    if name not in table.column_names:
+        return np.array([], dtype=float)
+    return table.column(name).cast(pa.float64()).to_numpy().astype(float)
+
+
 def release_memory() -> None:
     """Hand freed memory back to the system: Arrow's allocator keeps what it freed, so
     without this the driver's resident memory would add up stage after stage."""
@@ -231,10 +238,7 @@ class TrainingResult:
 
     def trained_values(self, column: str) -> np.ndarray:
         """One float column of the trained segments (NaN where missing)."""
-        table = self.columns([column], TRAINED)
-        if column not in table.column_names:
-            return np.array([], dtype=float)
-        return table.column(column).cast(pa.float64()).to_numpy().astype(float)
+        return float_values(self.columns([column], TRAINED), column)
 
     def summary(self) -> str:
         """Counts per status and the distribution of the validation metric."""

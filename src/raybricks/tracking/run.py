@@ -27,6 +27,7 @@ from raybricks.results import (
     TRAINED,
     TrainingResult,
     choice_counts,
+    float_values,
     part_files,
     release_memory,
 )
@@ -70,16 +71,18 @@ def aggregate_metrics(result: TrainingResult, candidates: list[str],
     out: dict[str, float] = {f"segments_{s}": float(n) for s, n in counts.items()}
     out["segments_total"] = float(sum(counts.values()))
     m = result.metric
-    for name in [m, f"baseline_{m}", *(f"{c}_{m}" for c in candidates)]:
-        column = f"metric_{m}" if name == m else name
-        values = pd.Series(result.trained_values(column)).dropna()
+    columns = {name: f"metric_{m}" if name == m else name
+               for name in [m, f"baseline_{m}", *(f"{c}_{m}" for c in candidates)]}
+    trained = result.columns(list(columns.values()), TRAINED)  # read once
+    for name, column in columns.items():
+        values = pd.Series(float_values(trained, column)).dropna()
         if len(values):
             out[f"{name}_median"] = float(values.median())
             out[f"{name}_p90"] = float(values.quantile(0.9))
             out[f"{name}_mean"] = float(values.mean())
     if counts[TRAINED]:
         out["share_beats_baseline"] = metric(m).beats(
-            result.trained_values(f"metric_{m}"), result.trained_values(f"baseline_{m}"))
+            float_values(trained, f"metric_{m}"), float_values(trained, f"baseline_{m}"))
     for choice, count in choice_counts(result.columns(["status", "chosen"])).items():
         out[f"segments_chose_{choice}"] = float(count)
     for stage, seconds in (timings or {}).items():
@@ -146,7 +149,7 @@ def log_plots(result: TrainingResult) -> None:
     scores = result.columns([f"metric_{m}", f"baseline_{m}", "chosen"], TRAINED)
     if not scores.num_rows:
         return
-    values = scores.column(f"metric_{m}").cast(pa.float64()).to_numpy().astype(float)
+    values = float_values(scores, f"metric_{m}")
     figure, axes = plt.subplots(figsize=(6, 4))
     axes.hist(values[np.isfinite(values)], bins=min(50, max(len(values) // 5, 5)),
               color="#3b7dd8")
@@ -155,7 +158,7 @@ def log_plots(result: TrainingResult) -> None:
     mlflow.log_figure(figure, "plots/metric_distribution.png")
     plt.close(figure)
 
-    base = scores.column(f"baseline_{m}").cast(pa.float64()).to_numpy().astype(float)
+    base = float_values(scores, f"baseline_{m}")
     if len(values) > PLOTTED_SEGMENTS:
         shown = np.random.default_rng(0).choice(len(values), PLOTTED_SEGMENTS, replace=False)
         values, base = values[shown], base[shown]
