@@ -32,6 +32,7 @@ from raybricks.segmented_model import (
     MANIFEST,
     SHARDS,
     installed_version,
+    locations,
     null_safe_join,
     shard_name,
     trained_versions,
@@ -272,12 +273,8 @@ def locate(index: pa.Table, located: pa.Table | None, segment_by: list[str]) -> 
         located = pa.table({**{c: index.column(c).slice(0, 0) for c in segment_by},
                             "shard": pa.array([], pa.int32()),
                             "row_group": pa.array([], pa.int32())})
-    joined = null_safe_join(index, located.select([*segment_by, "shard", "row_group"]),
-                            segment_by)
-    for name in ("shard", "row_group"):
-        joined = joined.set_column(joined.schema.get_field_index(name), name,
-                                   pc.fill_null(joined.column(name), -1))
-    return joined
+    return locations(null_safe_join(index, located.select([*segment_by, "shard", "row_group"]),
+                                    segment_by))
 
 
 def read_index(directory: Path) -> pa.Table:
@@ -362,19 +359,8 @@ def merge_segments(
     better = losses(float_values(both, "old")) < losses(float_values(both, "new"))
     from_old = both.filter(pc.or_(pc.is_null(both.column("__trained")),
                                   pa.array(better))).select(segment_by)
-    index_columns = list(segment_by) + list(INDEX_COLUMNS)
-    _, new_rows = _split_by_keys(new_index.select(index_columns), segment_by, from_old)
-    old_rows, _ = _split_by_keys(old_index.select(index_columns), segment_by, from_old)
-    index = pa.concat_tables([
-        new_rows.set_column(new_rows.schema.get_field_index("source"), "source",
-                            pa.repeat(pa.scalar(labels[0], pa.string()), new_rows.num_rows)),
-        old_rows.set_column(old_rows.schema.get_field_index("source"), "source",
-                            pa.repeat(pa.scalar(labels[1], pa.string()), old_rows.num_rows)),
-    ], promote_options="permissive")
-    members = pa.concat_tables([
-        _split_by_keys(read_members(challenger), segment_by, from_old)[1],
-        _split_by_keys(read_members(champion), segment_by, from_old)[0],
-    ], promote_options="permissive")
+    _, new_rows = _split_by_keys(new_index, segment_by, from_old)
+    old_rows, _ = _split_by_keys(old_index, segment_by, from_old)
     fallback_path = Path(challenger) / FALLBACK
     fallback = pq.read_table(fallback_path) if fallback_path.exists() else None
     classes = set(manifest.get("classes") or []) | set(old_manifest.get("classes") or [])
@@ -384,7 +370,28 @@ def merge_segments(
                            "libraries": _merged_libraries(
                                manifest.get("libraries"),
                                old_manifest.get("libraries") if from_old.num_rows else None)}
-    return write_segments(directory, manifest, [(index, members)], fallback)
+    parts = _merged_parts({Path(challenger): (new_rows, labels[0]),
+                           Path(champion): (old_rows, labels[1])}, segment_by)
+    return write_segments(directory, manifest, parts, fallback)
+
+
+def _merged_parts(sources: dict[Path, tuple[pa.Table, str]], segment_by: list[str]
+                  ) -> Iterator[tuple[pa.Table, pa.Table]]:
+    """(index rows, members) of a merge, one shard of one model at a time: the rows the
+    merge takes from each model (labelled with its ``source``) with their members."""
+    files = [file for directory in sources for file in sorted(directory.glob(SHARDS))]
+    schema = pa.unify_schemas([pq.read_schema(file) for file in files]) if files else None
+    columns = [*segment_by, *INDEX_COLUMNS]
+    for directory, (rows, label) in sources.items():
+        rows = rows.set_column(rows.schema.get_field_index("source"), "source",
+                               pa.repeat(pa.scalar(label, pa.string()), rows.num_rows))
+        shards = rows.column("shard")
+        for shard in sorted(pc.unique(shards).to_pylist()):
+            taken = rows.filter(pc.equal(shards, shard))
+            members = pa.table({}) if shard < 0 or schema is None else _split_by_keys(
+                pq.read_table(directory / shard_name(shard)), segment_by,
+                taken.select(segment_by))[0].cast(schema)
+            yield taken.select(columns), members
 
 
 def _split_by_keys(table: pa.Table, segment_by: list[str], keys: pa.Table

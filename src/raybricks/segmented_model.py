@@ -227,20 +227,58 @@ def key_tuples(table, segment_by: list[str]) -> list[tuple]:
     return list(zip(*(table.column(c).to_pylist() for c in segment_by), strict=True))
 
 
+class KeyIndex:
+    """A table with one row per segment key, looked up by batches of keys: a hash join
+    built on the batch (Arrow builds on the join's right side, so a lookup costs the
+    batch plus one pass over the index, not a hash of the whole index). A null key
+    matches a null key, as segments group them (Arrow's join alone never matches nulls):
+    each key column is joined as a null flag and the column with its nulls filled, the
+    index's join columns made once."""
+
+    def __init__(self, table: pa.Table, segment_by: list[str]) -> None:
+        self.segment_by = list(segment_by)
+        self.columns = [c for c in table.column_names if c not in self.segment_by]
+        self.fills = {c: _first_value(table.column(c)) for c in self.segment_by}
+        self.table = _with_join_keys(table, self.fills)
+
+    def lookup(self, keys: pa.Table) -> pa.Table:
+        """``keys`` (every row, in order) with the index's other columns of the same key
+        (nulls where the index has none)."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        fills = {c: self.fills[c] if self.fills[c] is not None else _first_value(keys.column(c))
+                 for c in self.segment_by}
+        asked = _with_join_keys(keys.append_column(POSITION, pa.array(np.arange(keys.num_rows))),
+                                fills)
+        table = self.table
+        for c, fill in fills.items():  # the index has no value to fill with, the keys do
+            if self.fills[c] is None and fill is not None:
+                table = table.append_column(f"__key_{c}", pc.fill_null(table.column(c), fill))
+        joins = [name for name in asked.column_names if name.startswith("__")
+                 and name != POSITION]
+        found = table.drop_columns(self.segment_by).join(
+            asked, keys=joins, join_type="right outer").sort_by(POSITION)
+        return found.select([*keys.column_names, *self.columns])
+
+
+POSITION = "__position"
+
+
 def null_safe_join(left: pa.Table, right: pa.Table, segment_by: list[str]) -> pa.Table:
-    """``left`` (every row, in any order) with the other columns of the ``right`` row of
-    the same segment key (nulls where none); a null key matches a null key, as segments
-    group them (Arrow's join alone never matches nulls)."""
-    keys: list[str] = []
-    sides = [left, right]
-    for c in segment_by:
-        fill = _first_value(left.column(c))
-        fill = fill if fill is not None else _first_value(right.column(c))
-        sides = [_with_join_keys(side, c, fill) for side in sides]
-        keys += [f"__null_{c}"] + ([f"__key_{c}"] if fill is not None else [])
-    joined = sides[0].join(sides[1].drop_columns(segment_by), keys=keys,
-                           join_type="left outer")
-    return joined.drop_columns(keys)
+    """``left`` (every row, in order) with the other columns of the ``right`` row of the
+    same segment key (nulls where none); a null key matches a null key."""
+    return KeyIndex(right, segment_by).lookup(left)
+
+
+def locations(found: pa.Table) -> pa.Table:
+    """Looked-up index rows with ``shard`` and ``row_group`` -1 where there is no model."""
+    import pyarrow.compute as pc
+
+    for name in ("shard", "row_group"):
+        found = found.set_column(found.schema.get_field_index(name), name,
+                                 pc.fill_null(found.column(name), -1))
+    return found
 
 
 def _first_value(column: pa.ChunkedArray) -> pa.Scalar | None:
@@ -250,14 +288,17 @@ def _first_value(column: pa.ChunkedArray) -> pa.Scalar | None:
     return known[0] if len(known) else None
 
 
-def _with_join_keys(table: pa.Table, column: str, fill: pa.Scalar | None) -> pa.Table:
-    """A null flag for ``column``, and the column with its nulls filled (by ``fill``)."""
+def _with_join_keys(table: pa.Table, fills: dict[str, pa.Scalar | None]) -> pa.Table:
+    """Per key column, a null flag, and (when there is a value to fill with) the column
+    with its nulls filled."""
     import pyarrow.compute as pc
 
-    table = table.append_column(f"__null_{column}", pc.is_null(table.column(column)))
-    if fill is None:
-        return table
-    return table.append_column(f"__key_{column}", pc.fill_null(table.column(column), fill))
+    for column, fill in fills.items():
+        table = table.append_column(f"__null_{column}", pc.is_null(table.column(column)))
+        if fill is not None:
+            table = table.append_column(f"__key_{column}",
+                                        pc.fill_null(table.column(column), fill))
+    return table
 
 
 def missing_columns(columns, segment_by: list[str], features: list[str]) -> str | None:
@@ -302,9 +343,10 @@ class SegmentStore:
         self.task: str = self.manifest["task"]
         # Arrow columns, looked up with a hash join: a few bytes per segment, where
         # Python objects would take hundreds (a million segments' index is ~30 MB)
-        self.index = pq.read_table(self.directory / INDEX,
-                                   columns=[*self.segment_by, "status", "shard", "row_group"])
-        self.key_schema = pa.schema([self.index.schema.field(c) for c in self.segment_by])
+        index = pq.read_table(self.directory / INDEX,
+                              columns=[*self.segment_by, "status", "shard", "row_group"])
+        self.key_schema = pa.schema([index.schema.field(c) for c in self.segment_by])
+        self.index = KeyIndex(index, self.segment_by)
         self.cache_segments = max(int(cache_segments), 1)
         self._cache: OrderedDict[tuple, SegmentModel] = OrderedDict()
         self.fallback: SegmentModel | None = None
@@ -313,19 +355,12 @@ class SegmentStore:
                                                    .select(MEMBER_COLUMNS).to_pylist())
 
     def __len__(self) -> int:
-        return self.index.num_rows
+        return self.index.table.num_rows
 
     def locate(self, keys: pa.Table) -> pa.Table:
         """Per key (typed as the index's, in order): its ``status`` (null: unknown),
         ``shard`` and ``row_group`` (-1: no model)."""
-        import pyarrow as pa
-        import pyarrow.compute as pc
-
-        asked = keys.append_column("__position", pa.array(np.arange(keys.num_rows)))
-        found = null_safe_join(asked, self.index, self.segment_by).sort_by("__position")
-        return pa.table({"status": found.column("status"),
-                         "shard": pc.fill_null(found.column("shard"), -1),
-                         "row_group": pc.fill_null(found.column("row_group"), -1)})
+        return locations(self.index.lookup(keys)).select(["status", "shard", "row_group"])
 
     def models(self, keys: list[tuple], where: pa.Table) -> dict[tuple, SegmentModel]:
         """The models of these segments (those that have one, ``where`` says: ``locate``),
