@@ -48,7 +48,8 @@ def assert_every_row_once(segmented, source, segment_by, max_block_rows):
     seen = assert_segment_aligned(blocks, segment_by, max_block_rows)
     assert len(seen) == segmented.count_segments()
     # what the readers reported about each block is what each block holds
-    assert segmented.segments == [block_segments(b, segment_by) for b in blocks]
+    assert [list(listed) for listed in segmented.segments] == [
+        list(block_segments(b, segment_by)) for b in blocks]
     assert sum(b.num_rows for b in blocks) == segmented.num_rows == source.count()
     got = [row for b in blocks for row in zip(*b.to_pydict().values(), strict=True)]
     expected = [tuple(r) for r in source.collect()]
@@ -283,6 +284,17 @@ def test_chunks_need_the_conf_and_a_dedicated_cluster(spark, chunk_api_here):
     with (spark_confs(spark, {CHUNK_API_CONF: "false"}),
           pytest.raises(DataError, match="dataFrameChunk.enabled is not true")):
         data.choose_strategy("chunks", spark, 1_000, 100)
+
+
+def test_a_segment_listed_in_two_blocks_is_refused_null_keys_included():
+    table = pa.table({"store": ["a", "a", None, None, "b"], "day": [1, 1, 2, 2, None]})
+    first, second = block_segments(table.slice(0, 3), ["store", "day"]), block_segments(
+        table.slice(3), ["store", "day"])
+    assert list(first) == [(("a", 1), 2), ((None, 2), 1)]
+    assert list(second) == [((None, 2), 1), (("b", None), 1)]
+    with pytest.raises(DataError, match=r"segment \(None, 2\) arrived in two blocks"):
+        data.check_segments_whole([first, second])
+    data.check_segments_whole([first, block_segments(table.slice(4), ["store", "day"])])
 
 
 def test_split_evenly_and_pack_pieces():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
@@ -10,7 +11,7 @@ import pyarrow as pa
 import pytest
 
 from raybricks.config import JobConfig
-from raybricks.data import to_ray_dataset
+from raybricks.data import BlockSegments, to_ray_dataset
 from raybricks.errors import ConfigError, DataError
 from raybricks.segmented_model import MemberModel, SegmentModel
 from raybricks.training import train_segments
@@ -246,17 +247,23 @@ def test_large_segment_without_boosting_candidates_trains_in_one_task(
     assert rows.loc["s5", "n_rows"] == 110 and rows.loc["s5", "chosen"] == '["local:ridge"]'
 
 
+def block_listing(keys: list[int], rows: list[int]):
+    """A block's segments as the readers report them: integer keys, their row counts."""
+    return BlockSegments(pa.table({"k": pa.array(keys, pa.int64())}), np.array(rows))
+
+
 def test_packed_tasks_cover_every_segment_to_train_once_in_shrinking_runs():
     from raybricks.training.engine import MIN_SEGMENTS_PER_TASK, make_chunks, run_size
 
     # two blocks: 300 segments of 1 to 5 rows, then 500 of 2 rows; some are done already
-    bounds = [[((i,), 1 + i % 5) for i in range(300)], [((i,), 2) for i in range(300, 800)]]
+    bounds = [block_listing(list(range(300)), [1 + i % 5 for i in range(300)]),
+              block_listing(list(range(300, 800)), [2] * 500)]
     done = {(i,) for i in range(0, 800, 7)}
-    todo = [{k for k, _ in block if k not in done} for block in bounds]
+    todo = [np.array([k not in done for k, _ in block]) for block in bounds]
     chunks = make_chunks(todo, bounds, cpus=2)
-    keys = [k for c in chunks for k in c.keys]
-    assert sorted(keys) == sorted(set().union(*todo))  # each once, none done
-    sizes = [len(c.keys) for c in chunks]
+    keys = [k for c in chunks for k in c.keys(bounds)]
+    assert sorted(keys) == sorted({(i,) for i in range(800)} - done)  # each once, none done
+    sizes = [len(c.keys(bounds)) for c in chunks]
     # guided sizes: the first run takes its share of everything, the last ones are small
     assert max(sizes) == run_size(len(keys), len(keys), cpus=2) > 2 * MIN_SEGMENTS_PER_TASK
     assert min(sizes) <= MIN_SEGMENTS_PER_TASK
@@ -264,17 +271,37 @@ def test_packed_tasks_cover_every_segment_to_train_once_in_shrinking_runs():
     rows = [c.end - c.start for c in chunks]
     assert rows == sorted(rows, reverse=True)  # the largest are submitted first
     # a job of few (slow) segments on many CPUs still gives every CPU work
-    few = [{(i,) for i in range(100)}]
-    assert len(make_chunks(few, [[((i,), 10) for i in range(100)]], cpus=16)) >= 16
+    few = [block_listing(list(range(100)), [10] * 100)]
+    assert len(make_chunks([np.ones(100, dtype=bool)], few, cpus=16)) >= 16
     for chunk in chunks:  # the row range holds exactly the chunk's segments, in order
         offsets, at = {}, 0
         for key, rows in bounds[chunk.block]:
             offsets[key] = (at, at + rows)
             at += rows
-        assert chunk.start == offsets[chunk.keys[0]][0]
-        assert chunk.end == offsets[chunk.keys[-1]][1]
         inside = [k for k, (s, e) in offsets.items() if chunk.start <= s and e <= chunk.end]
-        assert set(chunk.keys) == set(inside) - done
+        assert chunk.start == offsets[inside[0]][0] and chunk.end == offsets[inside[-1]][1]
+        assert set(chunk.keys(bounds)) == set(inside) - done
+        # a run without done segments in it trains its whole row range: no key set sent
+        assert (chunk.only is None) == (not set(inside) & done)
+
+
+def test_a_resumed_run_trains_only_the_segments_without_results():
+    from raybricks.training.engine import segment_masks
+
+    keys = pa.table({"store": pa.array(["a", None, "c", "d"]), "day": pa.array([1, 2, None, 4])})
+    block = BlockSegments(keys, np.array([5, 50, 5, 5]))
+    plan = SimpleNamespace(segment_by=["store", "day"], large_segment_rows=20)
+    previous = pa.table({"store": pa.array([None, "c", "x"]), "day": pa.array([2, None, 1]),
+                         "status": pa.array(["trained"] * 3)})
+    todo, large, done = segment_masks([block], plan, previous)
+    # null keys match null keys; the large segment was done before, so it is not redone
+    assert done == 2 and todo[0].tolist() == [True, False, False, True]
+    assert large[0].tolist() == [False] * 4
+    todo, large, done = segment_masks([block], plan, pa.table({}))
+    assert done == 0 and todo[0].tolist() == [True, False, True, True]
+    assert large[0].tolist() == [False, True, False, False]
+    assert ("a", 1) in block and (None, 2) in block and ("c", None) in block
+    assert ("a", 2) not in block and (None, None) not in block
 
 
 def test_tasks_cap_every_thread_pool_of_the_candidates_libraries():

@@ -54,6 +54,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, NamedTuple
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -66,6 +67,7 @@ from raybricks.databricks import (
     unstable_workers,
 )
 from raybricks.errors import DataError
+from raybricks.segmented_model import key_tuples
 from raybricks.sources import read_source
 
 if TYPE_CHECKING:
@@ -89,10 +91,10 @@ DEFAULT_CHUNK_BYTES = 32 * 1024 * 1024
 class SegmentedDataset:
     """Segment-aligned blocks in Ray's object store, with what is known about them.
 
-    ``refs``: the blocks (Arrow tables), in order. ``segments``: per block, the
-    (key, rows) of its segments in order, as the readers found them when they cut the
-    blocks. ``dataset``: the same blocks as a Ray Dataset (made when first asked for:
-    the engine reads the blocks directly).
+    ``refs``: the blocks (Arrow tables), in order. ``segments``: per block, its
+    segments' keys and row counts in order (``BlockSegments``), as the readers found them
+    when they cut the blocks. ``dataset``: the same blocks as a Ray Dataset (made when
+    first asked for: the engine reads the blocks directly).
     """
 
     refs: list
@@ -100,7 +102,7 @@ class SegmentedDataset:
     strategy: str
     num_rows: int
     schema: pa.Schema
-    segments: list[list[tuple[tuple, int]]]
+    segments: list[BlockSegments]
     _dataset: ray.data.Dataset | None = field(default=None, repr=False)
 
     @property
@@ -226,36 +228,87 @@ def segment_bounds(block: pa.Table, segment_by: Sequence[str]) -> list[tuple[tup
             for k, s, e in zip(keys, starts, ends, strict=True)]
 
 
-def block_segments(block: pa.Table, segment_by: Sequence[str]) -> list[tuple[tuple, int]]:
-    """(key, rows) of every segment in a block."""
-    return [(key, end - start) for key, start, end in segment_bounds(block, segment_by)]
+@dataclass(frozen=True, eq=False)
+class BlockSegments:
+    """The segments of one block, in row order: their keys (an Arrow table of the key
+    columns, one row per segment) and row counts. A few bytes per segment where a Python
+    (key, rows) tuple takes about 150: the driver holds one of these per block, so its
+    memory stays small at millions of segments."""
+
+    keys: pa.Table
+    rows: np.ndarray
+
+    @classmethod
+    def of(cls, table: pa.Table, bounds: Sequence[tuple[tuple, int, int]],
+           segment_by: Sequence[str]) -> BlockSegments:
+        """From a table's segment bounds (key, start, end) in it."""
+        starts = np.fromiter((start for _, start, _ in bounds), np.int64, len(bounds))
+        ends = np.fromiter((end for _, _, end in bounds), np.int64, len(bounds))
+        keys = table.select(list(segment_by)).take(pa.array(starts)).combine_chunks()
+        return cls(keys, ends - starts)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __iter__(self) -> Iterator[tuple[tuple, int]]:
+        """(key, rows) of every segment (made as iterated)."""
+        return iter(zip(self.key_tuples(), self.rows.tolist(), strict=True))
+
+    @property
+    def offsets(self) -> np.ndarray:
+        """The first row of every segment in the block, then the block's row count."""
+        return np.concatenate([[0], np.cumsum(self.rows)])
+
+    def __contains__(self, key: object) -> bool:
+        """Whether a key (a tuple, as ``key_tuples`` gives them) is one of these."""
+        if not isinstance(key, tuple) or len(key) != self.keys.num_columns:
+            return False
+        match = pa.array(np.ones(len(self), dtype=bool))
+        for column, value in zip(self.keys.columns, key, strict=True):
+            same = pc.is_null(column) if value is None else pc.equal(column, value)
+            match = pc.and_(match, pc.fill_null(same, False))
+        return bool(pc.any(match).as_py())
+
+    def key_tuples(self, where: slice | np.ndarray = slice(None)) -> list[tuple]:
+        """The keys (as tuples) of these segments: a slice of positions, or a mask."""
+        if isinstance(where, slice):
+            start, stop, _ = where.indices(len(self))
+            keys = self.keys.slice(start, max(stop - start, 0))
+        else:
+            keys = self.keys.filter(pa.array(where))
+        return key_tuples(keys, keys.column_names)
+
+
+def block_segments(block: pa.Table, segment_by: Sequence[str]) -> BlockSegments:
+    """The segments of a key-sorted block."""
+    return BlockSegments.of(block, segment_bounds(block, segment_by), segment_by)
 
 
 def cut_into_blocks(
     table: pa.Table, segment_by: Sequence[str], max_block_rows: int
-) -> tuple[list[pa.Table], list[list[tuple[tuple, int]]]]:
+) -> tuple[list[pa.Table], list[BlockSegments]]:
     """Cut a key-sorted table into blocks of whole segments, at most ``max_block_rows``
     rows each (a segment larger than that becomes a block of its own); also every
-    block's (key, rows) of its segments, found in the same pass."""
-    return cut_at_bounds(table, segment_bounds(table, segment_by), max_block_rows)
+    block's segments, found in the same pass."""
+    return cut_at_bounds(table, segment_bounds(table, segment_by), max_block_rows, segment_by)
 
 
 def cut_at_bounds(
-    table: pa.Table, bounds: list[tuple[tuple, int, int]], max_block_rows: int
-) -> tuple[list[pa.Table], list[list[tuple[tuple, int]]]]:
+    table: pa.Table, bounds: list[tuple[tuple, int, int]], max_block_rows: int,
+    segment_by: Sequence[str],
+) -> tuple[list[pa.Table], list[BlockSegments]]:
     """``cut_into_blocks`` with the table's segment bounds (key, start, end) known."""
     blocks: list[pa.Table] = []
-    segments: list[list[tuple[tuple, int]]] = []
-    block_start, current = 0, []
-    for key, start, end in bounds:
+    segments: list[BlockSegments] = []
+    block_start = first = 0
+    for position, (_, start, end) in enumerate(bounds):
         if end - block_start > max_block_rows and start > block_start:
             blocks.append(table.slice(block_start, start - block_start))
-            segments.append(current)
-            block_start, current = start, []
-        current.append((key, end - start))
+            segments.append(BlockSegments.of(table, bounds[first:position], segment_by))
+            block_start, first = start, position
     if bounds:
         blocks.append(table.slice(block_start, table.num_rows - block_start))
-        segments.append(current)
+        segments.append(BlockSegments.of(table, bounds[first:], segment_by))
     return blocks, segments
 
 
@@ -284,12 +337,12 @@ def normalize_types(table: pa.Table) -> pa.Table:
 
 
 class ReaderReport(NamedTuple):
-    """A reader's last output: the schema of its tables, the (key, rows) of every block's
-    segments, and of the pieces it yielded after the blocks (segments that may have more
+    """A reader's last output: the schema of its tables, every block's segments, and the
+    (key, rows) of the pieces it yielded after the blocks (segments that may have more
     rows in other readers' chunks, see ``_read_chunk_blocks``)."""
 
     schema: pa.Schema
-    segments: list[list[tuple[tuple, int]]]
+    segments: list[BlockSegments]
     pieces: list[tuple[tuple, int]] = []
 
 
@@ -329,7 +382,7 @@ def _read_chunk_blocks(chunk_ids: list[str], segment_by: list[str], max_block_ro
                        for key, start, end in found[1:-1]]
             rows += last - first
     table = pa.concat_tables(inner) if inner else schema.empty_table()
-    blocks, segments = cut_at_bounds(table, bounds, max_block_rows)
+    blocks, segments = cut_at_bounds(table, bounds, max_block_rows, segment_by)
     pieces = [(key, pa.concat_tables(parts)) for key, parts in edges.items()]
     # Ray's streaming generators need a plain yield, not `yield from`.
     for output in (*blocks, *(piece for _, piece in pieces)):  # noqa: UP028
@@ -521,18 +574,20 @@ def pack_pieces(pieces: list[tuple[tuple, int, object]], max_block_rows: int) ->
     return [*tasks, current] if current else tasks
 
 
-def check_segments_whole(segments: list[list[tuple[tuple, int]]]) -> None:
+def check_segments_whole(segments: list[BlockSegments]) -> None:
     """Raise if a segment is listed in two blocks (chunks that were not key-sorted runs
     of one partition each would cause it)."""
+    keys = pa.concat_tables([block.keys for block in segments], promote_options="permissive")
+    if keys.group_by(keys.column_names).aggregate([]).num_rows == keys.num_rows:
+        return
     seen: set[tuple] = set()
-    for block in segments:
-        for key, _ in block:
-            if key in seen:
-                raise DataError(
-                    f"segment {key} arrived in two blocks: the Spark chunks were not "
-                    "key-sorted runs of one partition each; use data.strategy='parquet'"
-                )
-            seen.add(key)
+    for key in key_tuples(keys, keys.column_names):  # which one, for the message
+        if key in seen:
+            raise DataError(
+                f"segment {key} arrived in two blocks: the Spark chunks were not "
+                "key-sorted runs of one partition each; use data.strategy='parquet'"
+            )
+        seen.add(key)
 
 
 def collect_arrow(df: DataFrame) -> pa.Table:

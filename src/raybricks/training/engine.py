@@ -42,7 +42,7 @@ import pyarrow as pa
 from raybricks import console, kinds
 from raybricks.compat import thread_limiter
 from raybricks.config import JobConfig
-from raybricks.data import SegmentedDataset, segment_bounds
+from raybricks.data import BlockSegments, SegmentedDataset, segment_bounds
 from raybricks.errors import ConfigError
 from raybricks.results import (
     FAILED,
@@ -55,6 +55,7 @@ from raybricks.results import (
     rows_to_table,
     write_part,
 )
+from raybricks.segmented_model import KeyIndex
 from raybricks.training import global_forecast
 from raybricks.training import segment as seg
 from raybricks.training.forecast import forecast_manifest, future_example, train_series
@@ -212,13 +213,22 @@ def is_large(rows: int, plan: Plan) -> bool:
 
 @dataclass(frozen=True)
 class Chunk:
-    """What one packed task trains: ``keys``, whole segments lying in rows
-    ``start``..``end`` of block ``block``."""
+    """What one packed task trains: the segments at positions ``first``..``stop`` of
+    block ``block``, rows ``start``..``end`` of it; ``only``: just these keys of them
+    (None: all of them)."""
 
     block: int
     start: int
     end: int
-    keys: tuple[tuple, ...]
+    first: int
+    stop: int
+    only: frozenset | None = None
+
+    def keys(self, bounds: list[BlockSegments]) -> list[tuple]:
+        """The keys it trains (made when asked: only a lost task needs them)."""
+        if self.only is not None:
+            return list(self.only)
+        return bounds[self.block].key_tuples(slice(self.first, self.stop))
 
 
 #: Guided chunk sizes: each run of segments takes 1/(GUIDED_SHARE x CPUs) of the segments
@@ -237,32 +247,50 @@ def run_size(remaining: int, total: int, cpus: int) -> int:
     return max(smallest, -(-remaining // share))
 
 
-def make_chunks(todo: list[set], bounds: list[list[tuple[tuple, int]]], cpus: int) -> list[Chunk]:
-    """Cut each block's segments to train into runs of ``run_size`` segments, in
-    decreasing size (blocks are never merged), largest first."""
-    total = remaining = sum(len(keys) for keys in todo)
+def make_chunks(todo: list[np.ndarray], bounds: list[BlockSegments], cpus: int
+                ) -> list[Chunk]:
+    """Cut each block's segments to train (``todo``: a mask per block) into runs of
+    ``run_size`` segments, in decreasing size (blocks are never merged), largest first."""
+    total = remaining = sum(int(wanted.sum()) for wanted in todo)
     chunks = []
-
-    def cut(index: int, start: int, end: int, keys: list[tuple]) -> None:
-        nonlocal remaining
-        chunks.append(Chunk(index, start, end, tuple(keys)))
-        remaining -= len(keys)
-
     for index, (wanted, block) in enumerate(zip(todo, bounds, strict=True)):
-        offset, start, end, keys = 0, 0, 0, []
-        for key, rows in block:
-            if key in wanted:
-                start = start if keys else offset
-                end = offset + rows
-                keys.append(key)
-                if len(keys) >= run_size(remaining, total, cpus):
-                    cut(index, start, end, keys)
-                    keys = []
-            offset += rows
-        if keys:
-            cut(index, start, end, keys)
+        offsets, positions = block.offsets, np.flatnonzero(wanted)
+        taken = 0
+        while taken < len(positions):
+            run = positions[taken:taken + run_size(remaining, total, cpus)]
+            first, stop = int(run[0]), int(run[-1]) + 1
+            only = None
+            if stop - first > len(run):  # done or large segments between: name the others
+                inside = np.zeros(len(block), dtype=bool)
+                inside[run] = True
+                only = frozenset(block.key_tuples(inside))
+            chunks.append(Chunk(index, int(offsets[first]), int(offsets[stop]), first, stop,
+                                only))
+            taken += len(run)
+            remaining -= len(run)
     # Ray starts tasks in about this order, so the end of the job waits only on small ones
     return sorted(chunks, key=lambda chunk: chunk.end - chunk.start, reverse=True)
+
+
+def segment_masks(bounds: list[BlockSegments], plan: Plan, previous: pa.Table
+                  ) -> tuple[list[np.ndarray], list[np.ndarray], int]:
+    """Per block, which segments the packed or spread path trains now and which are
+    large (masks), and how many were done before (in ``previous``: a resumed run's
+    results)."""
+    done = None
+    if previous.num_rows:
+        seen = KeyIndex(previous.select(plan.segment_by).append_column(
+            "__done", pa.repeat(True, previous.num_rows)), plan.segment_by)
+        done = [seen.lookup(block.keys).column("__done").is_valid().to_numpy()
+                for block in bounds]
+    large, todo = [], []
+    for position, block in enumerate(bounds):
+        big = (block.rows > plan.large_segment_rows) if plan.large_segment_rows > 0 \
+            else np.zeros(len(block), dtype=bool)
+        left = np.ones(len(block), dtype=bool) if done is None else ~done[position]
+        large.append(big & left)
+        todo.append(~big & left)
+    return todo, large, sum(int(d.sum()) for d in done) if done else 0
 
 
 def sample_block(block: pa.Table, fraction: float, seed: int, columns: list[str]) -> pa.Table:
@@ -365,38 +393,30 @@ def train_segments(
         if all(members):  # every split's global model trained
             plan = seg.replace_plan(plan, global_members=members, global_token=uuid.uuid4().hex)
     refs = segmented.block_refs()
-    previous = read_parts(run_dir / "results") if config.training.resume else pa.table({})
-    done = frozenset(
-        tuple(r[c] for c in plan.segment_by)
-        for r in previous.select(plan.segment_by).to_pylist()
-    ) if previous.num_rows else None
+    previous = read_parts(run_dir / "results", plan.segment_by) if config.training.resume \
+        else pa.table({})
     bounds = segmented.segments
-    # per block: the segments the packed or spread path trains now, and the large ones
-    todo = [
-        [key for key, rows in block if not (done and key in done) and not is_large(rows, plan)]
-        for block in bounds
-    ]
-    large = [
-        [key for key, rows in block if not (done and key in done) and is_large(rows, plan)]
-        for block in bounds
-    ]
-    n_todo = sum(len(t) for t in todo)
+    todo, large, done = segment_masks(bounds, plan, previous)
+    n_todo = sum(int(t.sum()) for t in todo)
+    n_large = sum(int(x.sum()) for x in large)
     cpus = int(ray.cluster_resources().get("CPU", 1))
     log.info(
         "training %d segments (%d large, %d done before) in %d blocks",
-        sum(len(b) for b in bounds), sum(len(x) for x in large), len(done or ()), len(refs),
+        sum(len(b) for b in bounds), n_large, done, len(refs),
     )
     # with a time limit per segment, segments train in packed tasks, which enforce it
-    if (0 < n_todo < cpus and done is None and config.training.segment_timeout_s is None
+    if (0 < n_todo < cpus and not done and config.training.segment_timeout_s is None
             and not plan.forecast):
-        _run_spread(refs, todo, plan, config, run_dir)
+        _run_spread(refs, [b.key_tuples(t) for b, t in zip(bounds, todo, strict=True)], plan,
+                    config, run_dir)
     elif n_todo:
-        chunks = make_chunks([set(keys) for keys in todo], bounds, cpus // plan.threads)
-        _run_packed(refs, chunks, plan, config, run_dir, n_todo, progress)
-    if any(large):
+        chunks = make_chunks(todo, bounds, cpus // plan.threads)
+        _run_packed(refs, bounds, chunks, plan, config, run_dir, n_todo, progress)
+    if n_large:
         from raybricks.training.large import train_large_segments
 
-        train_large_segments(refs, large, plan, config, run_dir)
+        train_large_segments(refs, [b.key_tuples(x) for b, x in zip(bounds, large, strict=True)],
+                             plan, config, run_dir)
     if forecast_fallback is None:
         fallback = _run_fallback(refs, global_plan, config, segmented.num_rows, run_dir)
     else:
@@ -448,8 +468,8 @@ def input_example(refs, bounds, wanted: tuple | None, plan: Plan, schema: pa.Sch
     import ray
 
     for ref, block in zip(refs, bounds, strict=True):
-        if block and (wanted is None or any(key == wanted for key, _ in block)):
-            key = wanted if wanted is not None else block[0][0]
+        if len(block) and (wanted is None or wanted in block):
+            key = wanted if wanted is not None else block.key_tuples(slice(0, 1))[0]
             rows = segment_rows(ray.get(ref), plan, key)
             if plan.forecast:
                 rows = future_example(rows, plan)
@@ -469,7 +489,8 @@ def _remote(fn, **options):
     return ray.remote(**options)(fn) if options else ray.remote(fn)
 
 
-def _run_packed(refs, chunks: list[Chunk], plan, config, run_dir, n_todo, progress) -> None:
+def _run_packed(refs, bounds: list[BlockSegments], chunks: list[Chunk], plan, config, run_dir,
+                n_todo, progress) -> None:
     """One task per chunk of segments; results written as they arrive. A chunk lost
     beyond its retries is retrained one segment per task; with a time limit, segments
     that ran past it end ``failed``."""
@@ -486,28 +507,29 @@ def _run_packed(refs, chunks: list[Chunk], plan, config, run_dir, n_todo, progre
     watch = Watch(limit, ray.remote(num_cpus=0)(TimeoutBoard).remote()) if limit else None
     plan_ref = ray.put(plan)
 
-    def submit(chunk: Chunk, keys: tuple[tuple, ...]):
+    def submit(chunk: Chunk, only: frozenset | None):
         rows = (chunk.start, chunk.end)
-        return task.remote(refs[chunk.block], plan_ref, frozenset(keys), watch, rows)
+        return task.remote(refs[chunk.block], plan_ref, only, watch, rows)
 
-    pending = {submit(chunk, chunk.keys): (chunk, chunk.keys) for chunk in chunks}
+    pending = {submit(chunk, chunk.only): (chunk, chunk.only) for chunk in chunks}
     attempt = uuid.uuid4().hex[:8]
     show = config.training.progress if progress is None else progress
     with console.progress_bar(n_todo, "training", "segment", show) as bar:
         parts = 0
         while pending:
             ready, _ = ray.wait(list(pending), num_returns=1)
-            chunk, keys = pending.pop(ready[0])
+            chunk, only = pending.pop(ready[0])
             try:
                 outcome = ray.get(ready[0])
             except (ray.exceptions.RayError, ray.exceptions.RayTaskError) as exc:
                 timed_out = watch.timed_out() if watch else set()
-                keys = [k for k in keys if k not in timed_out]
+                keys = [k for k in (only if only is not None else chunk.keys(bounds))
+                        if k not in timed_out]
                 if len(keys) > 1:  # isolate the culprit: one segment per task
                     log.warning("task lost (%s): retraining its %d segments one per task",
                                 type(exc).__name__, len(keys))
                     for key in keys:
-                        pending[submit(chunk, (key,))] = (chunk, (key,))
+                        pending[submit(chunk, frozenset([key]))] = (chunk, frozenset([key]))
                     continue
                 outcome = Outcome.of(_lost_block(keys, plan, exc), pa.table({}))
             outcome.write(run_dir, f"part-{chunk.block:06d}-{parts:06d}-{attempt}")
