@@ -4,6 +4,7 @@ and failure tables, plots and the model; ``publish`` is the whole job's publicat
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import tempfile
@@ -100,8 +101,8 @@ def log_tables(result: TrainingResult) -> None:
 
     problem = pc.field("status").isin([SKIPPED, FAILED])
     with tempfile.TemporaryDirectory() as tmp:
-        copy_parts(result.run_dir / "results", Path(tmp) / "segments.parquet")
-        copy_parts(result.run_dir / "results", Path(tmp) / "failures.parquet", problem)
+        copy_parts(result.run_dir / "results", {Path(tmp) / "segments.parquet": None,
+                                                 Path(tmp) / "failures.parquet": problem})
         mlflow.log_artifacts(tmp, "results")
         if 0 < sum(result.counts().values()) <= LOG_TABLE_ROWS:
             segments = pd.read_parquet(Path(tmp) / "segments.parquet")
@@ -113,15 +114,18 @@ def log_tables(result: TrainingResult) -> None:
             mlflow.log_table(_json_safe(found.to_pandas()), "results/failures.json")
 
 
-def copy_parts(directory: Path, path: Path, where: pc.Expression | None = None) -> None:
-    """The run's parts in ``directory`` as one Parquet file (only the rows ``where``
-    holds), one part at a time."""
+def copy_parts(directory: Path, outputs: dict[Path, pc.Expression | None]) -> None:
+    """The run's parts in ``directory`` as one Parquet file per output (only the rows its
+    filter holds, None: all), reading one part at a time, each once."""
     files = part_files(directory)
     schema = pq.read_schema(files[0]) if files else pa.schema([])
-    with pq.ParquetWriter(path, schema) as writer:
+    with contextlib.ExitStack() as stack:
+        writers = {path: stack.enter_context(pq.ParquetWriter(path, schema))
+                   for path in outputs}
         for file in files:
             table = pq.read_table(file, schema=schema)
-            writer.write_table(table if where is None else table.filter(where))
+            for path, where in outputs.items():
+                writers[path].write_table(table if where is None else table.filter(where))
 
 
 def _json_safe(frame: pd.DataFrame) -> pd.DataFrame:
