@@ -255,8 +255,8 @@ class KeyIndex:
         for c, fill in fills.items():  # the index has no value to fill with, the keys do
             if self.fills[c] is None and fill is not None:
                 table = table.append_column(f"__key_{c}", pc.fill_null(table.column(c), fill))
-        joins = [name for name in asked.column_names if name.startswith("__")
-                 and name != POSITION]
+        joins = [name for c, fill in fills.items()
+                 for name in (f"__null_{c}", *([f"__key_{c}"] if fill is not None else []))]
         found = table.drop_columns(self.segment_by).join(
             asked, keys=joins, join_type="right outer").sort_by(POSITION)
         return found.select([*keys.column_names, *self.columns])
