@@ -206,9 +206,10 @@ class SegmentWatchdog:
 TIMEOUT_EXIT_CODE = 75
 
 
-def is_large(rows: int, plan: Plan) -> bool:
-    """Segments above the threshold are trained data-parallel with Ray Train."""
-    return 0 < plan.large_segment_rows < rows
+def is_large(rows: int | np.ndarray, plan: Plan) -> bool | np.ndarray:
+    """Segments above the threshold are trained data-parallel with Ray Train (``rows``:
+    one segment's, or an array of them for a mask)."""
+    return (plan.large_segment_rows > 0) & (rows > plan.large_segment_rows)
 
 
 @dataclass(frozen=True)
@@ -285,8 +286,7 @@ def segment_masks(bounds: list[BlockSegments], plan: Plan, previous: pa.Table
                 for block in bounds]
     large, todo = [], []
     for position, block in enumerate(bounds):
-        big = (block.rows > plan.large_segment_rows) if plan.large_segment_rows > 0 \
-            else np.zeros(len(block), dtype=bool)
+        big = is_large(block.rows, plan)
         left = np.ones(len(block), dtype=bool) if done is None else ~done[position]
         large.append(big & left)
         todo.append(~big & left)
