@@ -301,8 +301,9 @@ def test_sigterm_shuts_local_ray_down(tmp_path):
             """
         )
     )
+    errors = (tmp_path / "stderr.txt").open("w")
     proc = subprocess.Popen(
-        [sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+        [sys.executable, str(script)], stdout=subprocess.PIPE, stderr=errors,
         text=True, env=clean_env(),
     )
     deadline = time.time() + 120
@@ -311,7 +312,13 @@ def test_sigterm_shuts_local_ray_down(tmp_path):
         line = proc.stdout.readline()
     assert "READY" in line
     proc.send_signal(signal.SIGTERM)
-    out, _ = proc.communicate(timeout=60)
+    try:
+        out, _ = proc.communicate(timeout=150)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        # once in a CI run (Ray 2.37) the clean-up outlived 60 s: say what it printed
+        pytest.fail("no exit 150 s after SIGTERM; stderr:\n"
+                    + (tmp_path / "stderr.txt").read_text()[-4000:])
     assert "INTERRUPTED False" in out
 
 
