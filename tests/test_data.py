@@ -115,6 +115,20 @@ def test_auto_picks_arrow_for_small_and_parquet_for_large(ray_on_spark, sales):
     assert (small.strategy, large.strategy) == ("arrow", "parquet")
 
 
+def test_auto_collects_on_the_driver_only_what_is_small_in_bytes_too(spark):
+    wide = pa.schema([("key", pa.string()), ("flag", pa.bool_()),
+                      *[(f"x{i}", pa.float64()) for i in range(100)]])
+    assert data.arrow_size_estimate(wide, 10) == (32 + 1 + 800) * 10
+    rows = data.ARROW_AUTO_MAX_BYTES // 833 + 1  # just over the byte cap, far under the rows
+    assert data.choose_strategy(
+        "auto", spark, rows, 10**9, data.arrow_size_estimate(wide, rows)) == "parquet"
+    assert data.choose_strategy(
+        "auto", spark, rows - 1, 10**9, data.arrow_size_estimate(wide, rows - 1)) == "arrow"
+    # asked for explicitly, only the row limit applies
+    assert data.choose_strategy(
+        "arrow", spark, rows, 10**9, data.arrow_size_estimate(wide, rows)) == "arrow"
+
+
 @pytest.mark.parametrize("strategy", ["parquet", "arrow"])
 def test_types_survive_the_trip(ray_on_spark, spark, strategy):
     from pyspark.sql import types as T
