@@ -25,7 +25,8 @@ thread. A method that would take longer than ``--budget`` seconds at a size (est
 from its rate at the sizes before) is not run there, and the table says so.
 
 Usage: ``python bench/bench_end_to_end.py [--sizes 2000x200,20000x50,1000000x16]
-[--only raybricks,...] [--budget 1800]``. Results: ``results/end_to_end.json``.
+[--only raybricks,...] [--budget 1800] [--output end_to_end.json]``. Results:
+``results/<output>``.
 """
 
 from __future__ import annotations
@@ -154,6 +155,8 @@ def main() -> None:
     parser.add_argument("--only", default=",".join(METHODS))
     parser.add_argument("--budget", type=float, default=1800.0,
                         help="skip a method at a size it would need longer than this for")
+    parser.add_argument("--output", default="end_to_end.json",
+                        help="the results file's name, in bench/results")
     args = parser.parse_args()
     sizes = parse_sizes(args.sizes)
     wanted = [m for m in METHODS if m in args.only.split(",")]
@@ -198,7 +201,7 @@ def main() -> None:
     RESULTS.mkdir(exist_ok=True)
     import json
 
-    (RESULTS / "end_to_end.json").write_text(json.dumps({
+    (RESULTS / args.output).write_text(json.dumps({
         "meta": {"cores": os.cpu_count(), "python": platform.python_version(),
                  "budget_seconds": args.budget, "ray_on_spark_start_seconds": ray_start},
         "seconds": seconds}, indent=2))
