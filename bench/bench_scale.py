@@ -90,8 +90,10 @@ def run_verb(command: list[str], env: dict[str, str]) -> Verb:
                                text=True, env=env, bufsize=1)
     driver = psutil.Process(process.pid)
     open_stages: list[Stage] = []
-    outside = Stage("(outside any stage)")
-    verb.stages.append(outside)
+    # time outside every stage is charged to the gap it falls in, named by the stage
+    # that ended before it
+    gap = [Stage("(outside stages: before the first)")]
+    verb.stages.append(gap[0])
     done = threading.Event()
 
     def sample() -> None:
@@ -101,7 +103,7 @@ def run_verb(command: list[str], env: dict[str, str]) -> Verb:
             except psutil.Error:
                 return
             verb.peak_gb = max(verb.peak_gb, rss)
-            current = open_stages[-1] if open_stages else outside
+            current = open_stages[-1] if open_stages else gap[0]
             current.peak_gb = max(current.peak_gb, rss)
             time.sleep(0.1)
 
@@ -117,7 +119,11 @@ def run_verb(command: list[str], env: dict[str, str]) -> Verb:
             verb.stages.append(stage)
             open_stages.append(stage)
         elif (ended := ENDS.match(line)) and open_stages:
-            open_stages.pop().seconds = float(ended.group(3))
+            closed = open_stages.pop()
+            closed.seconds = float(ended.group(3))
+            if not open_stages:
+                gap[0] = Stage(f"(outside stages: after {closed.label})")
+                verb.stages.append(gap[0])
     code = process.wait()
     done.set()
     sampler.join()
@@ -180,7 +186,8 @@ def report(verb: Verb, units: int, unit: str) -> dict[str, Any]:
           f"{verb.seconds:.1f} s, {units / verb.seconds:,.0f} {unit}/s, driver peak "
           f"{verb.peak_gb:.2f} GB (in: {verb.peak_stage})")
     print("| stage | seconds | driver peak (GB) |\n|---|---:|---:|")
-    for stage in verb.stages:
+    verb.stages = [s for s in verb.stages if s.seconds is not None or s.peak_gb > 0]
+    for stage in verb.stages:  # (gaps between stages that no sample fell in left out)
         seconds = "-" if stage.seconds is None else f"{stage.seconds:.1f}"
         print(f"| {stage.label} | {seconds} | {stage.peak_gb:.2f} |")
     return {"seconds": verb.seconds, f"{unit}_per_second": units / verb.seconds,
