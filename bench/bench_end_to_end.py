@@ -149,6 +149,14 @@ def write_table(workdir: Path, segments: int, rows: int) -> str:
     return str(path)
 
 
+def package_versions() -> dict[str, str]:
+    """The versions of what the methods run on (the lock's, or a runtime profile's)."""
+    from importlib.metadata import version
+
+    names = ["pandas", "pyarrow", "pyspark", "ray", "scikit-learn", "raybricks"]
+    return {name: version(name) for name in names}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--sizes", default="2000x200,20000x50,1000000x16")
@@ -203,6 +211,7 @@ def main() -> None:
 
     (RESULTS / args.output).write_text(json.dumps({
         "meta": {"cores": os.cpu_count(), "python": platform.python_version(),
+                 "packages": package_versions(),
                  "budget_seconds": args.budget, "ray_on_spark_start_seconds": ray_start},
         "seconds": seconds}, indent=2))
 
