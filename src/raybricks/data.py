@@ -70,7 +70,7 @@ from raybricks.databricks import (
     unstable_workers,
 )
 from raybricks.errors import DataError
-from raybricks.segmented_model import key_tuples
+from raybricks.segmented_model import KeyIndex, key_tuples
 from raybricks.sources import read_source
 
 if TYPE_CHECKING:
@@ -268,14 +268,16 @@ class BlockSegments:
         return np.concatenate([[0], np.cumsum(self.rows)])
 
     def __contains__(self, key: object) -> bool:
-        """Whether a key (a tuple, as ``key_tuples`` gives them) is one of these."""
+        """Whether a key (a tuple, as ``key_tuples`` gives them) is one of these (a null
+        matches a null, as segments group them)."""
         if not isinstance(key, tuple) or len(key) != self.keys.num_columns:
             return False
-        match = pa.array(np.ones(len(self), dtype=bool))
-        for column, value in zip(self.keys.columns, key, strict=True):
-            same = pc.is_null(column) if value is None else pc.equal(column, value)
-            match = pc.and_(match, pc.fill_null(same, False))
-        return bool(pc.any(match).as_py())
+        names = self.keys.column_names
+        index = KeyIndex(self.keys.append_column("__found", pa.array(np.ones(len(self), bool))),
+                         names)
+        asked = pa.Table.from_pylist([dict(zip(names, key, strict=True))],
+                                     schema=self.keys.schema)
+        return index.lookup(asked).column("__found")[0].as_py() is True
 
     def key_tuples(self, where: slice | np.ndarray = slice(None)) -> list[tuple]:
         """The keys (as tuples) of these segments: a slice of positions, or a mask."""

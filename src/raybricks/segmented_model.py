@@ -241,6 +241,9 @@ class KeyIndex:
         self.fills = {c: _first_value(table.column(c)) for c in self.segment_by}
         self.table = _with_join_keys(table, self.fills)
 
+    def __len__(self) -> int:
+        return self.table.num_rows
+
     def lookup(self, keys: pa.Table) -> pa.Table:
         """``keys`` (every row, in order) with the index's other columns of the same key
         (nulls where the index has none)."""
@@ -355,7 +358,7 @@ class SegmentStore:
                                                    .select(MEMBER_COLUMNS).to_pylist())
 
     def __len__(self) -> int:
-        return self.index.table.num_rows
+        return len(self.index)
 
     def locate(self, keys: pa.Table) -> pa.Table:
         """Per key (typed as the index's, in order): its ``status`` (null: unknown),
