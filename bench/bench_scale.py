@@ -90,10 +90,9 @@ def run_verb(command: list[str], env: dict[str, str]) -> Verb:
                                text=True, env=env, bufsize=1)
     driver = psutil.Process(process.pid)
     open_stages: list[Stage] = []
-    # time outside every stage is charged to the gap it falls in, named by the stage
-    # that ended before it
-    gap = [Stage("(outside stages: before the first)")]
-    verb.stages.append(gap[0])
+    # time outside every stage is charged to the gap it falls in (the last stage listed
+    # while none is open), named by the stage that ended before it
+    verb.stages.append(Stage("(outside stages: before the first)"))
     done = threading.Event()
 
     def sample() -> None:
@@ -103,7 +102,7 @@ def run_verb(command: list[str], env: dict[str, str]) -> Verb:
             except psutil.Error:
                 return
             verb.peak_gb = max(verb.peak_gb, rss)
-            current = open_stages[-1] if open_stages else gap[0]
+            current = open_stages[-1] if open_stages else verb.stages[-1]
             current.peak_gb = max(current.peak_gb, rss)
             time.sleep(0.1)
 
@@ -122,8 +121,7 @@ def run_verb(command: list[str], env: dict[str, str]) -> Verb:
             closed = open_stages.pop()
             closed.seconds = float(ended.group(3))
             if not open_stages:
-                gap[0] = Stage(f"(outside stages: after {closed.label})")
-                verb.stages.append(gap[0])
+                verb.stages.append(Stage(f"(outside stages: after {closed.label})"))
     code = process.wait()
     done.set()
     sampler.join()
@@ -186,13 +184,14 @@ def report(verb: Verb, units: int, unit: str) -> dict[str, Any]:
           f"{verb.seconds:.1f} s, {units / verb.seconds:,.0f} {unit}/s, driver peak "
           f"{verb.peak_gb:.2f} GB (in: {verb.peak_stage})")
     print("| stage | seconds | driver peak (GB) |\n|---|---:|---:|")
-    verb.stages = [s for s in verb.stages if s.seconds is not None or s.peak_gb > 0]
-    for stage in verb.stages:  # (gaps between stages that no sample fell in left out)
+    # gaps between stages that no sample fell in are left out
+    shown = [s for s in verb.stages if s.seconds is not None or s.peak_gb > 0]
+    for stage in shown:
         seconds = "-" if stage.seconds is None else f"{stage.seconds:.1f}"
         print(f"| {stage.label} | {seconds} | {stage.peak_gb:.2f} |")
     return {"seconds": verb.seconds, f"{unit}_per_second": units / verb.seconds,
             "driver_peak_gb": verb.peak_gb, "peak_stage": verb.peak_stage,
-            "stages": [vars(s) for s in verb.stages]}
+            "stages": [vars(s) for s in shown]}
 
 
 def main() -> None:

@@ -301,11 +301,11 @@ def test_sigterm_shuts_local_ray_down(tmp_path):
             """
         )
     )
-    errors = (tmp_path / "stderr.txt").open("w")
-    proc = subprocess.Popen(
-        [sys.executable, str(script)], stdout=subprocess.PIPE, stderr=errors,
-        text=True, env=clean_env(),
-    )
+    with (tmp_path / "stderr.txt").open("w") as errors:  # the child keeps its own copy
+        proc = subprocess.Popen(
+            [sys.executable, str(script)], stdout=subprocess.PIPE, stderr=errors,
+            text=True, env=clean_env(),
+        )
     deadline = time.time() + 120
     line = ""
     while time.time() < deadline and "READY" not in line:
