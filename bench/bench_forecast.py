@@ -167,6 +167,17 @@ def best_per_series(cv: pd.DataFrame, forecasts: pd.DataFrame, models: list[str]
     return out[["unique_id", "ds", "forecast"]]
 
 
+def candidates(data: Dataset) -> tuple[list[dict], list[dict]]:
+    """raybricks' candidates: the statistical ones, and LightGBM and Ridge on lags."""
+    statistical = [{"name": name.lower(), "kind": "statsforecast", "estimator": name,
+                    "params": {} if name == "CrostonOptimized"
+                    else {"season_length": data.season}} for name in data.statistical]
+    lags = [{"name": "lgbm", "kind": "lightgbm",
+             "params": {"n_estimators": 60, "num_leaves": 7, "min_child_samples": 10}},
+            {"name": "ridge", "kind": "sklearn", "estimator": "sklearn.linear_model.Ridge"}]
+    return statistical, lags
+
+
 def warm_up(source) -> None:
     """What a working session already has, done before any method is timed so that the
     first one timed does not pay it alone: Spark's first job on the table, Spark's Python
@@ -216,12 +227,7 @@ def bench(data: Dataset, spark, workdir: str) -> dict[str, Any]:
         print(f"{data.name} {name:56s} {seconds:7.1f} s {n_series / seconds:7.1f} series/s "
               f"MASE {accuracy[name]['mase_median']:.3f}", flush=True)
 
-    statistical = [{"name": name.lower(), "kind": "statsforecast", "estimator": name,
-                    "params": {} if name == "CrostonOptimized"
-                    else {"season_length": data.season}} for name in data.statistical]
-    lags = [{"name": "lgbm", "kind": "lightgbm",
-             "params": {"n_estimators": 60, "num_leaves": 7, "min_child_samples": 10}},
-            {"name": "ridge", "kind": "sklearn", "estimator": "sklearn.linear_model.Ridge"}]
+    statistical, lags = candidates(data)
     # the global model's job reads the series' static columns too (statsforecast would
     # take any extra column of its table for an exogenous one)
     statics = [c for c in data.static.columns if c != "unique_id"]

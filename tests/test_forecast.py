@@ -213,19 +213,29 @@ def test_defaults_blend_local_candidates_and_selection_all_lets_the_baseline_com
     assert json.loads(members[0]["params"]) == {"season_length": 7}
 
 
-def test_conformal_offsets_are_statsforecasts_conformal_distribution():
-    from statsforecast.models import _add_conformal_distribution_intervals
-
-    errors = np.abs(np.random.default_rng(5).normal(size=(3, HORIZON)))
+def test_conformal_offsets_cover_a_new_error_at_least_at_their_level():
     levels = [80, 95]
-    expected = _add_conformal_distribution_intervals({"mean": np.zeros(HORIZON)}, errors,
-                                                     levels)
-    offsets = conformal_offsets(errors, levels)
-    columns = interval_columns(levels)
-    assert columns == ["lo_95", "lo_80", "hi_80", "hi_95"]
-    for name, row in zip(columns, offsets, strict=True):
-        np.testing.assert_allclose(row, expected[name.replace("_", "-")], rtol=1e-12)
+    assert interval_columns(levels) == ["lo_95", "lo_80", "hi_80", "hi_95"]
+    rng = np.random.default_rng(5)
+    trials = 4000
+    errors = np.abs(rng.standard_t(3, size=(trials, 4, 5)))  # 4 windows x 5 steps
+    new = np.abs(rng.standard_t(3, size=trials))
+    inside = np.zeros(2)
+    for trial in range(trials):
+        offsets = np.asarray(conformal_offsets(errors[trial], levels, neighbours=5))
+        ordered = np.sort(errors[trial].ravel())  # every step pools all 20 errors:
+        expected = [ordered[19], ordered[16]]  # the ceil(21 L)-th smallest: 20th, 17th
+        np.testing.assert_array_equal(offsets[:, 2], [-expected[0], -expected[1],
+                                                      expected[1], expected[0]])
+        inside += new[trial] <= offsets[2:, 2]
+    # exchangeable errors: a new one is inside with probability >= ceil(21 L) / 21
+    assert inside[0] / trials >= 17 / 21 - 0.025 and inside[1] / trials >= 20 / 21 - 0.015
+    # too few errors for the level (4 per step): the largest
+    alone = np.asarray(conformal_offsets(errors[0], levels))
+    np.testing.assert_array_equal(alone[3], errors[0].max(axis=0))
     # with neighbours, step s is calibrated on the errors of steps s-2..s+2 as one step
+    errors = np.abs(rng.normal(size=(3, HORIZON)))
+    offsets = conformal_offsets(errors, levels)
     pooled = conformal_offsets(errors, levels, neighbours=2)
     for step in (0, 3, HORIZON - 1):
         window = errors[:, max(step - 2, 0):step + 3].reshape(-1, 1)

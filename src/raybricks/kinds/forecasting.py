@@ -10,6 +10,7 @@ returns a fitted model, ``forecast(model, future)`` its values for the dates of
 
 from __future__ import annotations
 
+import math
 from typing import Any, ClassVar
 
 import numpy as np
@@ -69,25 +70,27 @@ def interval_columns(levels: list[float]) -> list[str]:
 
 def conformal_offsets(errors: np.ndarray, levels: list[float], neighbours: int = 0
                       ) -> list[list[float]]:
-    """Conformal interval bounds around a forecast, per step, from ``errors`` (windows x
-    horizon absolute errors of backtest forecasts): statsforecast's and mlforecast's
-    ``conformal_distribution`` method (quantiles of the forecast plus and minus each
-    window's error), as offsets in ``interval_columns`` order. ``neighbours``: each
-    step's quantiles also take the errors of the steps up to that many before and after
-    it (0: that step's own only, as statsforecast does)."""
+    """Split-conformal interval bounds around a forecast, per step, from ``errors``
+    (windows x horizon absolute errors of backtest forecasts), as offsets in
+    ``interval_columns`` order: at level L, plus and minus the ceil((n + 1) L)-th smallest
+    of the step's n errors (the largest when n is too small for L), which a new error
+    exceeds with probability at most 1 - L when errors are exchangeable. ``neighbours``:
+    each step also takes the errors of the steps up to that many before and after it."""
     horizon = errors.shape[1]
-    pooled = [errors[:, max(step - neighbours, 0):step + neighbours + 1].ravel()
-              for step in range(horizon)]
-    cuts = [(100 - level) / 200 for level in reversed(levels)]
-    cuts += [1 - (100 - level) / 200 for level in levels]
-    return np.stack([np.quantile(np.concatenate([-e, e]), cuts) for e in pooled],
-                    axis=1).tolist()
+    columns = []
+    for step in range(horizon):
+        pooled = np.sort(errors[:, max(step - neighbours, 0):step + neighbours + 1].ravel())
+        n = len(pooled)
+        bounds = [float(pooled[min(math.ceil((n + 1) * level / 100 - 1e-9), n) - 1])
+                  for level in levels]
+        columns.append([-b for b in reversed(bounds)] + bounds)
+    return np.asarray(columns).T.tolist()
 
 
 def interval_neighbours(horizon: int) -> int:
-    """The steps around each step whose backtest errors calibrate its interval: a
-    quarter of the horizon each side (a few windows give too few errors per step)."""
-    return horizon // 4
+    """The steps around each step whose backtest errors calibrate its interval: half
+    the horizon each side (a few windows give too few errors per step)."""
+    return horizon // 2
 
 
 def interval_bounds(point: np.ndarray, features: pd.DataFrame, meta: dict[str, Any],
