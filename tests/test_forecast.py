@@ -577,6 +577,47 @@ def test_global_model_learns_across_series_from_static_columns(ray_on_spark, spa
     assert written.prediction.notna().all()
 
 
+def test_the_global_backtest_of_a_block_is_each_series_own(tmp_path):
+    from raybricks.data import segment_bounds
+    from raybricks.training import global_forecast as gf
+    from raybricks.training.forecast import clean_series, windows
+    from raybricks.training.segment import replace_plan
+
+    data = typed_stores()
+    data["promo"] = np.random.default_rng(1).integers(0, 2, len(data)).astype(float)
+    day = data.day - data.day.min()
+    ends_early = data.store.isin(["s1", "s4"]) & (day >= pd.Timedelta(days=50))
+    starts_late = data.store.isin(["s2", "s5"]) & (day < pd.Timedelta(days=9))
+    data = data[~ends_early & ~starts_late]  # series of several lengths and ends
+    short = series("short", np.arange(10.0), type="mall", area=0.0, promo=0.0)
+    data = pd.concat([data, short], ignore_index=True).sort_values(["store", "day"])
+    lgbm = {"name": "lgbm", "kind": "lightgbm",
+            "params": {"n_estimators": 30, "num_leaves": 7, "min_child_samples": 5}}
+    changes = {"models": [lgbm], "fallback": "global", "min_rows": 20,
+               "forecast": {"horizon": HORIZON, "frequency": "D", "lags": [1, 7],
+                            "exogenous": ["promo"], "static": ["type"]}}
+    plan = plan_for(data, tmp_path, **changes)
+    block = pa.Table.from_pandas(data, preserve_index=False)
+    models, error = gf.fit_global(gf.global_candidate(forecast_job(tmp_path, **changes)),
+                                  plan, gf.series_rows(block, plan, 1.0, 0, 0))
+    assert error is None
+    plan = replace_plan(plan, global_members=models[:-1], global_token="block-backtests")
+    frame, bounds = data.reset_index(drop=True), list(segment_bounds(block, ["store"]))
+    batched = gf.block_backtests(frame, bounds, plan)
+    # one prediction per window for the block: each series' forecasts as its own, the
+    # series too short for a backtest left to its own training (which skips it)
+    assert set(batched) == {key for key, _, _ in bounds} - {("short",)}
+    for key, start, end in bounds:
+        if key == ("short",):
+            continue
+        own = clean_series(frame.iloc[start:end], plan)
+        origins = windows(len(own.frame), plan.forecast)
+        actual = np.concatenate([own.y[o:o + HORIZON] for o in origins])
+        alone = gf.evaluate_global(own, plan, origins, actual, 1.0)
+        assert alone.error is None
+        np.testing.assert_allclose(batched[key], alone.predictions, rtol=1e-9)
+
+
 def test_a_global_model_that_cannot_fit_says_why(tmp_path):
     from raybricks.training.global_forecast import fit_global
 

@@ -145,12 +145,22 @@ class LagsKind(ForecastKind):
     @classmethod
     def forecast_loaded(cls, model, future, meta) -> np.ndarray:
         exogenous = meta["forecast"]["exogenous"]
-        X_df = future.assign(**{ID: 0})[[ID, TIME, *exogenous]] if exogenous else None
         if isinstance(model, Continued):
-            history = model.history.assign(**{ID: 0})
-            return model.forecaster.predict(len(future), new_df=history, X_df=X_df)[
-                MODEL].to_numpy(dtype="float64")
+            return cls.continue_many(model.forecaster, model.history.assign(**{ID: 0}),
+                                     future.assign(**{ID: 0}), len(future), exogenous)[0]
+        X_df = future.assign(**{ID: 0})[[ID, TIME, *exogenous]] if exogenous else None
         return model.predict(len(future), X_df=X_df)[MODEL].to_numpy(dtype="float64")
+
+    @staticmethod
+    def continue_many(forecaster: Any, histories: pd.DataFrame, futures: pd.DataFrame,
+                      steps: int, exogenous: list[str]) -> np.ndarray:
+        """The global model continuing many series at once (series x ``steps``):
+        ``histories``, their last periods, and ``futures``, their next ``steps`` periods
+        (exogenous values), both with integer ids 0..n-1 in ``unique_id``."""
+        X_df = futures[[ID, TIME, *exogenous]] if exogenous else None
+        out = forecaster.predict(steps, new_df=histories, X_df=X_df)
+        out = out.sort_values([ID, TIME], kind="stable")
+        return out[MODEL].to_numpy(dtype="float64").reshape(-1, steps)
 
     # -- training half
 

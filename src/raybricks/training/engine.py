@@ -95,15 +95,17 @@ def train_block(
     # the columns are converted once per block; a segment's rows are slices of them
     frame = block.select(plan.columns).to_pandas()
     columns = None if plan.forecast else seg.columns_of(frame, plan)
+    todo = [(key, start, end) for key, start, end in segment_bounds(block, plan.segment_by)
+            if key not in skip and (only is None or key in only)
+            and not is_large(end - start, plan)]
     with limit_threads(plan), SegmentWatchdog(watch) as watchdog:
-        for key, start, end in segment_bounds(block, plan.segment_by):
-            if key in skip or (only is not None and key not in only) or is_large(
-                end - start, plan
-            ):
-                continue
+        batched = (global_forecast.block_backtests(frame, todo, plan)
+                   if plan.forecast and plan.global_members else {})
+        for key, start, end in todo:
             watchdog.started(key)
             if columns is None:  # task forecast: one series
-                row, segment_members = train_series(frame.iloc[start:end], key, plan)
+                row, segment_members = train_series(frame.iloc[start:end], key, plan,
+                                                    batched.get(key))
             else:
                 row, segment_members = seg.train_segment(columns.rows(slice(start, end)),
                                                          key, plan)

@@ -302,10 +302,13 @@ def fitted_member(candidate: CandidateConfig, weight: float, params: dict[str, A
     return row | {"kind": kind.name}
 
 
-def train_series(data: pd.DataFrame, key: tuple, plan: Plan
+def train_series(data: pd.DataFrame, key: tuple, plan: Plan,
+                 global_backtest: np.ndarray | None = None
                  ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """Train one series (its rows as a frame). Never raises: the result row says
-    trained, skipped (served by its naive forecast where it has values) or failed."""
+    """Train one series (its rows as a frame; ``global_backtest``: the global model's
+    backtest forecasts of it, when made for its whole block). Never raises: the result
+    row says trained, skipped (served by its naive forecast where it has values) or
+    failed."""
     start = time.perf_counter()
     try:
         series = clean_series(data, plan)
@@ -319,8 +322,8 @@ def train_series(data: pd.DataFrame, key: tuple, plan: Plan
         evaluations = [evaluate(series, c, plan, key, origins, actual, divisor)
                        for c in plan.candidates]
         if plan.global_members:
-            evaluations.append(global_forecast.evaluate_global(series, plan, origins, actual,
-                                                               divisor))
+            evaluations.append(global_forecast.evaluate_global(
+                series, plan, origins, actual, divisor, global_backtest))
         naive = baseline(series, plan, key, origins, actual, divisor)
         if plan.pool:  # selection all: the baseline competes
             evaluations.append(naive)

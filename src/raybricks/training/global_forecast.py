@@ -100,21 +100,61 @@ def fitted_windows(candidate: CandidateConfig, plan: Plan, frame: pd.DataFrame
     return models
 
 
+def block_backtests(frame: pd.DataFrame, bounds: list[tuple[tuple, int, int]], plan: Plan
+                    ) -> dict[tuple, np.ndarray]:
+    """The global model's backtest forecasts of a block's series (``bounds``: key, first
+    and end row in ``frame``), windows concatenated: one prediction per window for every
+    series at once instead of one per series and window. Empty when the batch fails;
+    series missing from it (skipped ones) are forecast one at a time by
+    ``evaluate_global``, which also reports their errors."""
+    from raybricks.training.forecast import clean_series, windows  # it builds on this module
+
+    found = {}
+    for key, start, end in bounds:
+        try:
+            found[key] = clean_series(frame.iloc[start:end], plan)
+        except Exception:  # noqa: BLE001 - its own training reports why
+            continue
+    if not found:
+        return {}
+    spec, horizon = plan.forecast, plan.forecast["horizon"]
+    paths: list[np.ndarray] = []
+    try:
+        for window, model in enumerate(global_models(plan)):
+            member = model.members[0][0]
+            histories, futures = [], []
+            for number, series in enumerate(found.values()):
+                origin = windows(len(series.frame), spec)[window]
+                histories.append(series.history(origin).assign(**{ID: number}))
+                futures.append(series.frame.iloc[origin:origin + horizon]
+                               .drop(columns=TARGET).assign(**{ID: number}))
+            paths.append(member.kind.continue_many(
+                member.model, pd.concat(histories, ignore_index=True),
+                pd.concat(futures, ignore_index=True), horizon, spec["exogenous"]))
+    except Exception:  # noqa: BLE001 - each series then tries on its own
+        return {}
+    return {key: np.concatenate([path[number] for path in paths])
+            for number, key in enumerate(found)}
+
+
 def evaluate_global(series: Series, plan: Plan, origins: list[int], actual: np.ndarray,
-                    divisor: float) -> Evaluation:
+                    divisor: float, batched: np.ndarray | None = None) -> Evaluation:
     """The global model on the series' backtest: each window forecast by that window's
-    global model from the series' history before the window (predictions divided by
-    ``divisor``, as ``actual`` is)."""
+    global model from the series' history before the window (``batched``: those
+    forecasts, from ``block_backtests``); predictions divided by ``divisor``, as
+    ``actual`` is."""
     spec, horizon = plan.forecast, plan.forecast["horizon"]
     try:
-        parts = []
-        for model, origin in zip(global_models(plan), origins, strict=True):
-            member = model.members[0][0]
-            future = series.frame.iloc[origin:origin + horizon].drop(columns=TARGET)
-            parts.append(member.kind.forecast_loaded(
-                Continued(member.model, series.history(origin)), future.reset_index(drop=True),
-                {"forecast": spec}))
-        predictions = np.concatenate(parts) / divisor
+        if batched is None:
+            parts = []
+            for model, origin in zip(global_models(plan), origins, strict=True):
+                member = model.members[0][0]
+                future = series.frame.iloc[origin:origin + horizon].drop(columns=TARGET)
+                parts.append(member.kind.forecast_loaded(
+                    Continued(member.model, series.history(origin)),
+                    future.reset_index(drop=True), {"forecast": spec}))
+            batched = np.concatenate(parts)
+        predictions = batched / divisor
         if not np.isfinite(predictions).all():
             raise ValueError("the forecast has missing or infinite values")
         value = metrics.metric(plan.metric).score(actual, predictions)
