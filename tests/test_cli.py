@@ -128,6 +128,13 @@ def test_validate_checks_config_and_source_without_ray_or_a_store(
     helpers.shops().drop(columns=["x2"]).to_parquet(tmp_path / "short.parquet")
     code, _, err = validate(tmp_path, capsys, source=tmp_path / "short.parquet")
     assert code == 2 and "x2" in err
+    # pandas' nanosecond timestamps, which Spark cannot read: named, with the fix
+    nanos = helpers.shops()
+    nanos["day"] = pd.Series(pd.Timestamp("2024-01-01"), index=nanos.index).astype(
+        "datetime64[ns]")
+    nanos.to_parquet(tmp_path / "nanos.parquet", coerce_timestamps=None)
+    code, _, err = validate(tmp_path, capsys, source=tmp_path / "nanos.parquet")
+    assert code == 2 and "nanosecond timestamps" in err and "coerce_timestamps='us'" in err
 
 
 def test_validate_reports_an_unreachable_source_and_exit_codes(spark, tmp_path, capsys):

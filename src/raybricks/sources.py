@@ -69,11 +69,17 @@ def _read_files(source: SourceConfig, spark: SparkSession | None) -> DataFrame:
         reader = reader.option("header", "true").option("inferSchema", "true")
     try:
         return reader.load(source.path)
-    except AnalysisException as exc:
-        raise SourceNotFound(
-            f"cannot read {source.format} at source.path={source.path!r}: "
-            f"{str(exc).splitlines()[0]}"
-        ) from exc
+    except Exception as exc:
+        where = f"cannot read {source.format} at source.path={source.path!r}"
+        if "TIMESTAMP(NANOS" in str(exc):  # Spark 4: AnalysisException; 3.5: a failed job
+            raise DataError(
+                f"{where}: it holds nanosecond timestamps (pandas' to_parquet writes them "
+                "by default), which Spark cannot read. Write microseconds instead, e.g. "
+                "df.to_parquet(path, coerce_timestamps='us', allow_truncated_timestamps=True)"
+            ) from exc
+        if isinstance(exc, AnalysisException):
+            raise SourceNotFound(f"{where}: {str(exc).splitlines()[0]}") from exc
+        raise
 
 
 def _active_spark() -> SparkSession | None:
