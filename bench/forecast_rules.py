@@ -19,7 +19,7 @@ import os
 import pickle
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from multiprocessing import get_context
 from pathlib import Path
 
@@ -111,8 +111,8 @@ def _backtest_one(uid: str) -> Backtested | None:
 def backtest_all(data: Dataset, cache: Path) -> list[Backtested]:
     """Every series' backtests and held-out forecasts (from ``cache`` when there)."""
     path = cache / f"rules-{data.name}.pkl"
-    if path.exists():
-        return pickle.loads(path.read_bytes())
+    if path.exists():  # plain dicts: readable whichever module ran the study
+        return [Backtested(**found) for found in pickle.loads(path.read_bytes())]
     from raybricks.training.segment import forecast_plan
 
     global _PLAN, _DATA
@@ -123,7 +123,7 @@ def backtest_all(data: Dataset, cache: Path) -> list[Backtested]:
         found = pool.map(_backtest_one, sorted(data.train.unique_id.unique()), chunksize=4)
     found = [f for f in found if f is not None]
     cache.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(pickle.dumps(found))
+    path.write_bytes(pickle.dumps([asdict(f) for f in found]))
     return found
 
 
