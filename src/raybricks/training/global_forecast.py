@@ -138,14 +138,14 @@ def block_backtests(frame: pd.DataFrame, bounds: list[tuple[tuple, int, int]], p
 
 
 def evaluate_global(series: Series, plan: Plan, origins: list[int], actual: np.ndarray,
-                    divisor: float, batched: np.ndarray | None = None) -> Evaluation:
+                    divisor: float, forecasts: np.ndarray | None = None) -> Evaluation:
     """The global model on the series' backtest: each window forecast by that window's
-    global model from the series' history before the window (``batched``: those
-    forecasts, from ``block_backtests``); predictions divided by ``divisor``, as
+    global model from the series' history before the window (``forecasts``: those,
+    already made by ``block_backtests``); predictions divided by ``divisor``, as
     ``actual`` is."""
     spec, horizon = plan.forecast, plan.forecast["horizon"]
     try:
-        if batched is None:
+        if forecasts is None:
             parts = []
             for model, origin in zip(global_models(plan), origins, strict=True):
                 member = model.members[0][0]
@@ -153,8 +153,8 @@ def evaluate_global(series: Series, plan: Plan, origins: list[int], actual: np.n
                 parts.append(member.kind.forecast_loaded(
                     Continued(member.model, series.history(origin)),
                     future.reset_index(drop=True), {"forecast": spec}))
-            batched = np.concatenate(parts)
-        predictions = batched / divisor
+            forecasts = np.concatenate(parts)
+        predictions = forecasts / divisor
         if not np.isfinite(predictions).all():
             raise ValueError("the forecast has missing or infinite values")
         value = metrics.metric(plan.metric).score(actual, predictions)
