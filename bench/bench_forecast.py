@@ -118,9 +118,8 @@ def scores(forecasts: pd.DataFrame, column: str, data: Dataset) -> dict[str, flo
     joined = data.test.merge(forecasts[["unique_id", "ds", column, *bounds]],
                              on=["unique_id", "ds"], how="left")
     missing = int(joined[column].isna().sum())
-    season = data.season
     scale = data.train.groupby("unique_id").y.apply(
-        lambda y: np.mean(np.abs(y.to_numpy()[season:] - y.to_numpy()[:-season])))
+        lambda y: mase_scale(y.to_numpy(), data.season))
     per = joined.groupby("unique_id")[[column, "y"]].apply(lambda g: pd.Series({
         "mae": np.mean(np.abs(g.y - g[column])),
         "smape": np.mean(np.where(np.abs(g.y) + np.abs(g[column]) == 0, 0,
@@ -136,6 +135,12 @@ def scores(forecasts: pd.DataFrame, column: str, data: Dataset) -> dict[str, flo
             "mase_median": float(per.mase.median()),
             "smape_median": float(per.smape.median()), "mae_mean": float(per.mae.mean()),
             "interval_coverage": coverage}
+
+
+def mase_scale(y: np.ndarray, season: int) -> float:
+    """MASE's denominator as scored here: the in-sample seasonal naive MAE of the whole
+    training history."""
+    return float(np.mean(np.abs(y[season:] - y[:-season])))
 
 
 def seasonal_naive(data: Dataset) -> pd.DataFrame:

@@ -29,7 +29,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import pyarrow as pa  # noqa: E402
-from bench_forecast import WINDOWS, Dataset, candidates, employment, routes  # noqa: E402
+from bench_forecast import WINDOWS, Dataset, candidates, employment, mase_scale, routes  # noqa: E402
 
 STATISTICAL_ONLY = "statistical"
 WITH_LAGS = "+ lags"
@@ -45,7 +45,6 @@ class Backtested:
     divisor: float
     backtests: dict[str, np.ndarray]  # candidate -> backtest forecasts / divisor
     held_out: dict[str, np.ndarray]  # candidate -> forecast of the held-out periods
-    naive: list[str]  # the naive forecasts' names among them
     truth: np.ndarray  # the held-out actuals
     mase_scale: float  # bench_forecast's: seasonal naive MAE over the whole history
 
@@ -83,11 +82,10 @@ def _backtest_one(uid: str) -> Backtested | None:
     origins = fc.windows(len(y), spec)
     actual = np.concatenate([y[o:o + spec["horizon"]] for o in origins])
     divisor = fc.scale(y[:origins[0]], spec["season_length"])
-    backtests, held_out, naive = {}, {}, []
+    backtests, held_out = {}, {}
     future = pd.DataFrame({TIME: future_times(spec, series.frame[TIME].iloc[-1],
                                               spec["horizon"])})
-    candidates = [*plan.candidates, *fc.baselines(spec)]
-    for candidate in candidates:
+    for candidate in [*plan.candidates, *fc.baselines(spec)]:
         name = candidate.name if candidate.name != "baseline" else candidate.estimator
         found = fc.evaluate(series, candidate, plan, (uid,), origins, actual / divisor, divisor)
         if found.error is not None:
@@ -98,14 +96,10 @@ def _backtest_one(uid: str) -> Backtested | None:
                                 1, spec)
         backtests[name] = found.predictions
         held_out[name] = np.asarray(kind.forecast(model, future, spec), dtype="float64")
-        if candidate.name == "baseline":
-            naive.append(name)
     truth = data.test[data.test.unique_id == uid].set_index("ds").y
     truth = truth.reindex(future[TIME]).to_numpy(dtype="float64")
-    history = rows.y.to_numpy()
-    mase_scale = float(np.mean(np.abs(history[data.season:] - history[:-data.season])))
-    return Backtested(uid, actual / divisor, divisor, backtests, held_out, naive, truth,
-                      mase_scale)
+    return Backtested(uid, actual / divisor, divisor, backtests, held_out, truth,
+                      mase_scale(rows.y.to_numpy(), data.season))
 
 
 def backtest_all(data: Dataset, cache: Path) -> list[Backtested]:
@@ -215,10 +209,10 @@ def naive_replaces(rule: Rule) -> Rule:
     return replaced
 
 
-NAIVE_NAMES = {"SeasonalNaive", "Naive"}
+NAIVE_NAMES = {"SeasonalNaive", "Naive"}  # the baselines' names in ``Backtested``
 
 
-def rules(data: Dataset) -> dict[str, Rule]:
+def rules() -> dict[str, Rule]:
     return {
         "within 10%, weighted (default)": within(0.1),
         "best 3, weighted": within(None),
@@ -311,7 +305,7 @@ def main() -> None:
         sets = {STATISTICAL_ONLY: statistical,
                 WITH_LAGS: statistical | {"lgbm", "ridge"}}
         print(f"\n{name}: {len(series)} series; held-out MASE (median), members (mean)")
-        for label, rule in rules(data).items():
+        for label, rule in rules().items():
             cells = []
             for names in sets.values():
                 scored = apply(rule, series, names)
