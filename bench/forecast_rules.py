@@ -9,7 +9,8 @@ rule below is applied to the same backtests, and its blend scored on the held-ou
 coverage. In-process, both cores (one process per core); the backtests are cached in
 ``--cache`` so rules can be changed and re-scored in seconds.
 
-Usage: ``python bench/forecast_rules.py [routes|employment ...] [--cache DIR]``
+Usage: ``python bench/forecast_rules.py [routes|employment ...] [--cache DIR]
+[--windows N] [--step N]`` (default: ``bench_forecast``'s windows, a horizon apart)
 """
 
 from __future__ import annotations
@@ -29,8 +30,10 @@ sys.path.insert(0, os.path.dirname(__file__))
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import pyarrow as pa  # noqa: E402
-from bench_forecast import WINDOWS, Dataset, candidates, employment, mase_scale, routes  # noqa: E402
+from bench_forecast import WINDOWS as DEFAULT_WINDOWS  # noqa: E402
+from bench_forecast import Dataset, candidates, employment, mase_scale, routes  # noqa: E402
 
+WINDOWS, STEP = DEFAULT_WINDOWS, None  # the backtest's windows; set by --windows/--step
 STATISTICAL_ONLY = "statistical"
 WITH_LAGS = "+ lags"
 
@@ -58,7 +61,8 @@ def job_config(data: Dataset):
         "time_column": "ds", "task": "forecast",
         "forecast": {"horizon": data.horizon, "frequency": data.frequency,
                      "season_length": data.season, "intervals": [80, 95], **data.features},
-        "validation": {"windows": WINDOWS}, "models": statistical + lags, "min_rows": 60,
+        "validation": {"windows": WINDOWS, "step": STEP}, "models": statistical + lags,
+        "min_rows": 60,
     })
 
 
@@ -104,7 +108,8 @@ def _backtest_one(uid: str) -> Backtested | None:
 
 def backtest_all(data: Dataset, cache: Path) -> list[Backtested]:
     """Every series' backtests and held-out forecasts (from ``cache`` when there)."""
-    path = cache / f"rules-{data.name}.pkl"
+    suffix = "" if (WINDOWS, STEP) == (DEFAULT_WINDOWS, None) else f"-{WINDOWS}x{STEP}"
+    path = cache / f"rules-{data.name}{suffix}.pkl"
     if path.exists():  # plain dicts: readable whichever module ran the study
         return [Backtested(**found) for found in pickle.loads(path.read_bytes())]
     from raybricks.training.segment import forecast_plan
@@ -174,7 +179,7 @@ def chosen_across_series(options: dict[str, Rule], series: list[Backtested],
                          names: set[str], horizon: int) -> tuple[str, Rule]:
     """Of ``options``, the rule whose blends (chosen on all windows but the last) score
     best on the last backtest window, median over series: one choice for the job."""
-    cut = (WINDOWS - 1) * horizon
+    cut = len(series[0].actual) - horizon if series else 0
     scores = {}
     for label, rule in options.items():
         values = []
@@ -297,7 +302,11 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("datasets", nargs="*", default=["routes", "employment"])
     parser.add_argument("--cache", type=Path, default=Path("/tmp/raybricks-forecast-rules"))
+    parser.add_argument("--windows", type=int, default=DEFAULT_WINDOWS)
+    parser.add_argument("--step", type=int, default=None)
     args = parser.parse_args()
+    global WINDOWS, STEP
+    WINDOWS, STEP = args.windows, args.step
     for name in args.datasets:
         data = {"routes": routes, "employment": employment}[name]()
         series = backtest_all(data, args.cache)
