@@ -22,6 +22,7 @@ noting that segment on a small actor: the retried task skips it and the segment 
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 import json
@@ -412,8 +413,9 @@ def train_segments(
         _run_spread(refs, [b.key_tuples(t) for b, t in zip(bounds, todo, strict=True)], plan,
                     config, run_dir)
     elif n_todo:
-        chunks = make_chunks(todo, bounds, cpus // plan.threads)
-        _run_packed(refs, bounds, chunks, plan, config, run_dir, n_todo, progress)
+        slots = max(cpus // plan.threads, 1)
+        chunks = make_chunks(todo, bounds, slots)
+        _run_packed(refs, bounds, chunks, slots, plan, config, run_dir, n_todo, progress)
     if n_large:
         from raybricks.training.large import train_large_segments
 
@@ -491,11 +493,12 @@ def _remote(fn, **options):
     return ray.remote(**options)(fn) if options else ray.remote(fn)
 
 
-def _run_packed(refs, bounds: list[BlockSegments], chunks: list[Chunk], plan, config, run_dir,
-                n_todo, progress) -> None:
-    """One task per chunk of segments; results written as they arrive. A chunk lost
-    beyond its retries is retrained one segment per task; with a time limit, segments
-    that ran past it end ``failed``."""
+def _run_packed(refs, bounds: list[BlockSegments], chunks: list[Chunk], slots: int, plan,
+                config, run_dir, n_todo, progress) -> None:
+    """One task per chunk of segments, at most ``slots`` at a time (one per CPU slot: the
+    next chunk is submitted when a CPU frees, so it goes to that CPU); results written as
+    they arrive. A chunk lost beyond its retries is retrained one segment per task; with a
+    time limit, segments that ran past it end ``failed``."""
     import ray
 
     options = {
@@ -509,18 +512,27 @@ def _run_packed(refs, bounds: list[BlockSegments], chunks: list[Chunk], plan, co
     watch = Watch(limit, ray.remote(num_cpus=0)(TimeoutBoard).remote()) if limit else None
     plan_ref = ray.put(plan)
 
-    def submit(chunk: Chunk, only: frozenset | None):
-        rows = (chunk.start, chunk.end)
-        return task.remote(refs[chunk.block], plan_ref, only, watch, rows)
+    # Submitted all at once, Ray queues the chunks' lease requests on nodes as they were
+    # when asked, so one CPU can idle while another's queue still holds chunks.
+    waiting = collections.deque((chunk, chunk.only) for chunk in chunks)
+    pending: dict = {}
 
-    pending = {submit(chunk, chunk.only): (chunk, chunk.only) for chunk in chunks}
+    def submit_next() -> None:
+        """Fill the free slots with the next chunks (the largest first)."""
+        while waiting and len(pending) < slots:
+            chunk, only = waiting.popleft()
+            rows = (chunk.start, chunk.end)
+            pending[task.remote(refs[chunk.block], plan_ref, only, watch, rows)] = (chunk, only)
+
     attempt = uuid.uuid4().hex[:8]
     show = config.training.progress if progress is None else progress
     with console.progress_bar(n_todo, "training", "segment", show) as bar:
         parts = 0
+        submit_next()
         while pending:
             ready, _ = ray.wait(list(pending), num_returns=1)
             chunk, only = pending.pop(ready[0])
+            submit_next()  # the freed CPU's next chunk, before this one's results are read
             try:
                 outcome = ray.get(ready[0])
             except (ray.exceptions.RayError, ray.exceptions.RayTaskError) as exc:
@@ -530,8 +542,8 @@ def _run_packed(refs, bounds: list[BlockSegments], chunks: list[Chunk], plan, co
                 if len(keys) > 1:  # isolate the culprit: one segment per task
                     log.warning("task lost (%s): retraining its %d segments one per task",
                                 type(exc).__name__, len(keys))
-                    for key in keys:
-                        pending[submit(chunk, frozenset([key]))] = (chunk, frozenset([key]))
+                    waiting.extend((chunk, frozenset([key])) for key in keys)
+                    submit_next()
                     continue
                 outcome = Outcome.of(_lost_block(keys, plan, exc), pa.table({}))
             outcome.write(run_dir, f"part-{chunk.block:06d}-{parts:06d}-{attempt}")
