@@ -344,6 +344,8 @@ def test_bad_sources_and_columns_are_refused_before_ray(spark, tmp_path):
     empty = table(spark, "shops_no_target", helpers.shops().assign(y=np.nan))
     assert "target 'y' is null (or NaN / infinite) in every row" in refused(
         spark, tmp_path, source={"table": empty}, time_column="day")
+    assert "nothing to train on: the filter where='x1 > 1e9' matched no rows" in refused(
+        spark, tmp_path, source={"table": shops, "where": "x1 > 1e9"})
 
 
 def test_unsupported_feature_types_and_case_twins_are_refused_before_ray(spark, tmp_path):

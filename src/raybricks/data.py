@@ -689,6 +689,7 @@ def to_ray_dataset(
     staging_dir: str | None = None,
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     spark: SparkSession | None = None,
+    num_rows: int | None = None,
 ) -> SegmentedDataset:
     """Turn a Spark DataFrame or table into a Ray Dataset of whole-segment blocks.
 
@@ -696,7 +697,9 @@ def to_ray_dataset(
     Spark SQL predicate applied before anything moves. ``min_blocks``: at least this many
     blocks when the segments allow it (default: four per Ray CPU, so uneven blocks still
     keep every CPU busy to the end). ``chunk_bytes``: the largest Arrow chunk of the
-    ``chunks`` strategy. Ray must be initialised (see ``raybricks.cluster``).
+    ``chunks`` strategy. ``num_rows``: the rows after ``where``, when the caller has
+    counted them (one Spark job fewer). Ray must be initialised (see
+    ``raybricks.cluster``).
     """
     import ray
 
@@ -712,10 +715,9 @@ def to_ray_dataset(
     df = read_source(source, spark)
     df = select_and_filter(df, segment_by, columns, where)
     segment_by = [df.columns[i] for i in range(len(list(segment_by)))]
-    num_rows = df.count()
+    num_rows = df.count() if num_rows is None else num_rows
     if num_rows == 0:
-        what = f"the filter where={where!r} matched no rows" if where else "the table is empty"
-        raise DataError(f"nothing to train on: {what}; check the source and the predicate")
+        raise no_rows(where)
     chosen = choose_strategy(strategy, df.sparkSession, num_rows, arrow_max_rows,
                              arrow_size_estimate(arrow_schema(df.schema), num_rows))
     ray_cpus = max(int(ray.cluster_resources().get("CPU", 1)), 1)
@@ -743,6 +745,12 @@ def to_ray_dataset(
                 chunk_bytes, partitions,
             )
     return SegmentedDataset(refs, segment_by, chosen, num_rows, schema, segments)
+
+
+def no_rows(where: str | None) -> DataError:
+    """The error for a source (after ``where``) without rows."""
+    what = f"the filter where={where!r} matched no rows" if where else "the table is empty"
+    return DataError(f"nothing to train on: {what}; check the source and the predicate")
 
 
 def _first_line(exc: BaseException) -> str:

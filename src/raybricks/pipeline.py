@@ -11,6 +11,7 @@ fails loudly, before anything is registered, when they disagree.
 from __future__ import annotations
 
 import logging
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -20,7 +21,7 @@ from raybricks.cluster import ray_cluster, spark_session
 from raybricks.compat import arrow_schema
 from raybricks.config import JobConfig
 from raybricks.console import stage
-from raybricks.data import count_segments, select_and_filter, to_ray_dataset
+from raybricks.data import count_segments, no_rows, select_and_filter, to_ray_dataset
 from raybricks.errors import DataError, RaybricksError, SourceNotFound
 from raybricks.results import release_memory
 from raybricks.sources import read_source
@@ -42,8 +43,9 @@ class AccountingError(RaybricksError):
     """The result does not hold exactly one row per distinct segment of the source."""
 
 
-def check_target(df: DataFrame, target: str, where: str | None) -> None:
-    """Refuse a source whose target is missing (null, NaN or infinite) in every row."""
+def check_target(df: DataFrame, target: str, where: str | None) -> int:
+    """Refuse a source without rows, or whose target is missing (null, NaN or infinite)
+    in every row; returns its number of rows (one Spark job counts both)."""
     from pyspark.sql import functions as F
     from pyspark.sql.types import DoubleType, FloatType
 
@@ -51,12 +53,16 @@ def check_target(df: DataFrame, target: str, where: str | None) -> None:
     usable = column.isNotNull()
     if isinstance(df.schema[target].dataType, DoubleType | FloatType):
         usable &= ~F.isnan(column) & (F.abs(column) != float("inf"))
-    if df.where(usable).limit(1).count() == 0:
-        rows = f"row matching where={where!r}" if where else "row of the source"
+    rows, with_target = df.agg(F.count(F.lit(1)), F.count(F.when(usable, True))).first()
+    if not rows:
+        raise no_rows(where)
+    if not with_target:
+        which = f"row matching where={where!r}" if where else "row of the source"
         raise DataError(
-            f"target {target!r} is null (or NaN / infinite) in every {rows}: nothing to "
+            f"target {target!r} is null (or NaN / infinite) in every {which}: nothing to "
             "train on; check the target column name and the source"
         )
+    return int(rows)
 
 
 def check_job(config: JobConfig, *, register: bool = True) -> None:
@@ -71,9 +77,10 @@ def check_job(config: JobConfig, *, register: bool = True) -> None:
         tracking.check_registry_name(config, tracking.tracking_target().registry_uri)
 
 
-def checked_source(config: JobConfig, source: DataFrame) -> DataFrame:
-    """The source as training reads it (its columns, ``where`` applied), once its columns
-    and types fit the config and its target is not missing in every row."""
+def checked_source(config: JobConfig, source: DataFrame) -> tuple[DataFrame, int]:
+    """The source as training reads it (its columns, ``where`` applied) and its number of
+    rows, once its columns and types fit the config and its target is not missing in
+    every row."""
     features = config.features or ([*config.forecast.exogenous, *config.forecast.static]
                                     if config.forecast else None)
     columns = list(dict.fromkeys(
@@ -82,8 +89,7 @@ def checked_source(config: JobConfig, source: DataFrame) -> DataFrame:
     )) if features is not None else None
     df = select_and_filter(source, config.segment_by, columns, config.source.where)
     make_plan(config, arrow_schema(df.schema))  # column and type errors
-    check_target(df, config.target, config.source.where)
-    return df
+    return df, check_target(df, config.target, config.source.where)
 
 
 @dataclass(frozen=True)
@@ -122,7 +128,7 @@ def validate(config: JobConfig, spark: SparkSession | None = None, *, source: bo
         found = read_source(config.source, spark)
     except SourceNotFound as exc:
         return Validation(config, None, str(exc))
-    return Validation(config, checked_source(config, found).columns)
+    return Validation(config, checked_source(config, found)[0].columns)
 
 
 def reconcile(result: TrainingResult, source_segments: int) -> dict[str, int]:
@@ -175,20 +181,24 @@ def train(
         with stage("checks", timings, "checks: config, estimators, registry name, source"):
             check_job(config, register=register)
             spark = spark or spark_session()
-            df = checked_source(config, read_source(config.source, spark))
+            df, num_rows = checked_source(config, read_source(config.source, spark))
+        # the source's distinct segments, counted by Spark while Ray converts and trains
+        counting = ThreadPoolExecutor(1, thread_name_prefix="raybricks-accounting")
+        source_segments = counting.submit(count_segments, df, config.segment_by)
+        counting.shutdown(wait=False)
         with ray_cluster(config.cluster, spark, timings):
             with stage("data", timings, "data: the source as Ray blocks by segment"):
                 segmented = to_ray_dataset(
                     df, config.segment_by,
                     strategy=config.data.strategy, max_block_rows=config.data.max_block_rows,
-                    staging_dir=config.data.staging_dir,
+                    staging_dir=config.data.staging_dir, num_rows=num_rows,
                 )
             with stage("training", timings, f"training (run {config.training.run_id})"):
                 result = train_segments(segmented, config)
             del segmented  # its index of every segment: the results are on disk now
         release_memory()
         with stage("accounting", timings, "accounting: one result per source segment"):
-            accounting = reconcile(result, count_segments(df, config.segment_by))
+            accounting = reconcile(result, source_segments.result())
         publication = None
         if register:
             with stage("registry", timings, "registry: MLflow run and model version"):
