@@ -165,3 +165,30 @@ def test_nothing_outside_kinds_compares_or_tabulates_kind_names():
                 if len(named) >= 2:
                     found.append(f"{where} tabulates kinds {sorted(named)}")
     assert not found, found
+
+
+def test_scikit_learns_dataframe_sniffing_answers_arrays_and_asks_for_the_rest():
+    from sklearn.linear_model import LinearRegression
+    from sklearn.utils import validation
+
+    from raybricks.kinds.sklearn import answer_array_sniffing
+
+    original = getattr(validation, "_nw_into_df_or_series", None)
+    answer_array_sniffing()
+    answer_array_sniffing()  # once per process, however often workers warm up
+    if original is None:  # scikit-learn before 1.9: nothing to answer, nothing added
+        assert not hasattr(validation, "_nw_into_df_or_series")
+        return
+    narwhals = getattr(original, "__wrapped__", original)  # a warm-up may have run here
+    try:
+        sniff = validation._nw_into_df_or_series
+        assert sniff is not narwhals and sniff.__wrapped__ is narwhals  # wrapped once
+        frame = pd.DataFrame({"a": [1.0, 2.0, 3.0], "b": [0.0, 1.0, 0.0]})
+        for value in (frame, frame["a"], pa.table(frame), np.ones((3, 2)), [[1.0]]):
+            assert sniff(value) == narwhals(value), type(value)
+        assert sniff(frame) and not sniff(np.ones((3, 2)))
+        # a dataframe still reaches narwhals: its column names are kept
+        model = LinearRegression().fit(frame, [1.0, 2.0, 3.0])
+        assert list(model.feature_names_in_) == ["a", "b"]
+    finally:
+        validation._nw_into_df_or_series = original
