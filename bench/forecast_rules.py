@@ -234,7 +234,9 @@ def rules() -> dict[str, Rule]:
 
 
 def apply(rule: Rule, series: list[Backtested], names: set[str]) -> pd.DataFrame:
-    """Per series, the rule's held-out MASE and its blend's backtest errors."""
+    """Per series, the rule's held-out MASE and its blend's backtest errors: on the
+    windows it was chosen on (``errors``), and each window's of the blend chosen on the
+    other windows (``cross_errors``, as ``raybricks train`` calibrates intervals)."""
     rows = []
     if getattr(rule, "naive", False):
         names = names | NAIVE_NAMES
@@ -246,23 +248,39 @@ def apply(rule: Rule, series: list[Backtested], names: set[str]) -> pd.DataFrame
         forecast = sum(s.held_out[n] * w for n, w in weights.items())
         blend = sum(s.backtests[n] * w for n, w in weights.items())
         known = ~np.isnan(s.truth)
+        scored = np.abs(forecast - s.truth)[known]
         rows.append({"uid": s.uid, "members": len(weights),
-                     "mase": np.mean(np.abs(forecast - s.truth)[known]) / s.mase_scale
-                     if s.mase_scale > 0 else np.nan,
-                     "forecast": forecast, "errors": np.abs(blend - s.actual) * s.divisor,
-                     "truth": s.truth})
+                     "mase": scored.mean() / s.mase_scale
+                     if s.mase_scale > 0 and known.any() else np.nan,
+                     "forecast": forecast, "truth": s.truth,
+                     "errors": (np.abs(blend - s.actual) * s.divisor).reshape(WINDOWS, -1),
+                     "cross_errors": cross_selected(rule, backtests, s.actual) * s.divisor})
     return pd.DataFrame(rows)
+
+
+def cross_selected(rule: Rule, backtests: dict[str, np.ndarray], actual: np.ndarray
+                   ) -> np.ndarray:
+    """Windows x horizon absolute errors, each window's of the blend ``rule`` chooses on
+    the other windows."""
+    window = np.arange(len(actual)) // (len(actual) // WINDOWS)
+    errors = []
+    for left_out in range(WINDOWS):
+        others = window != left_out
+        weights = rule({n: p[others] for n, p in backtests.items()}, actual[others])
+        blend = sum(backtests[n] * w for n, w in weights.items())
+        errors.append(np.abs(blend - actual)[~others])
+    return np.stack(errors)
 
 
 # --------------------------------------------------------------------------- intervals
 
 
-def coverage(scored: pd.DataFrame, horizon: int, offsets: Callable) -> dict[int, float]:
-    """Share of held-out actuals inside the 80% and 95% intervals ``offsets`` gives."""
+def coverage(scored: pd.DataFrame, offsets: Callable, errors: str) -> dict[int, float]:
+    """Share of held-out actuals inside the 80% and 95% intervals ``offsets`` gives from
+    the ``errors`` column."""
     inside = {80: [], 95: []}
     for _, row in scored.iterrows():
-        errors = row.errors.reshape(WINDOWS, horizon)
-        bounds = np.asarray(offsets(errors, [80, 95]))  # lo95, lo80, hi80, hi95 x horizon
+        bounds = np.asarray(offsets(row[errors], [80, 95]))  # lo95, lo80, hi80, hi95 x horizon
         known = ~np.isnan(row.truth)
         for level, (lo, hi) in {80: (1, 2), 95: (0, 3)}.items():
             ok = ((row.truth >= row.forecast + bounds[lo])
@@ -328,11 +346,32 @@ def main() -> None:
             scored = apply(rule, series, names)
             cells.append(f"{scored.mase.median():.3f} ({label})")
         print(f"  {'rule chosen on the last window':40s} " + "  ".join(cells))
+        print(f"{name}: the default against one model for every series, paired per series")
+        for model in sorted(statistical):
+            alone = apply(lambda backtests, actual, m=model: {m: 1.0}, series, {model})
+            cells = [paired(apply(within(0.1), series, names), alone)
+                     for names in sets.values()]
+            print(f"  {model:16s} " + "  |  ".join(cells))
         scored = apply(within(0.1), series, sets[WITH_LAGS])
-        print(f"{name}: interval coverage of the default blend (+ lags), at 80% / 95%")
+        print(f"{name}: interval coverage of the default blend (+ lags), at 80% / 95%, "
+              "calibrated on the errors of the blend chosen without each window "
+              "(default) | on the windows it was chosen on")
         for label, method in interval_methods(data.horizon).items():
-            found = coverage(scored, data.horizon, method)
-            print(f"  {label:52s} {found[80]:.0%} / {found[95]:.0%}")
+            cells = [coverage(scored, method, errors) for errors in ("cross_errors", "errors")]
+            print(f"  {label:52s} " + "  |  ".join(f"{c[80]:.0%} / {c[95]:.0%}" for c in cells))
+
+
+def paired(ours: pd.DataFrame, theirs: pd.DataFrame) -> str:
+    """Held-out MASE of ``ours`` against ``theirs`` over the series both scored: medians,
+    the geometric mean of the per-series ratio (below 1: ours is more accurate), and the
+    shares of series where ours is better and worse."""
+    both = ours.set_index("uid").mase.to_frame("ours").join(
+        theirs.set_index("uid").mase.rename("theirs"), how="inner")
+    both = both[(both > 0).all(axis=1) & np.isfinite(both).all(axis=1)]
+    ratio = np.exp(np.log(both.ours / both.theirs).mean())
+    return (f"median {both.ours.median():.3f} vs {both.theirs.median():.3f}, geometric mean "
+            f"ratio {ratio:.3f}, better on {(both.ours < both.theirs).mean():.0%}, worse on "
+            f"{(both.ours > both.theirs).mean():.0%}")
 
 
 if __name__ == "__main__":

@@ -27,8 +27,8 @@ from raybricks.results import FAILED, SKIPPED, TRAINED
 from raybricks.scoring import forecast, score
 from raybricks.segmented_model import SegmentModel
 from raybricks.training import train_segments
-from raybricks.training.forecast import scale, train_series, windows
-from raybricks.training.segment import make_plan
+from raybricks.training.forecast import cross_selected_errors, scale, train_series, windows
+from raybricks.training.segment import Evaluation, make_plan
 from tests.test_registry import BLOCK_RAYBRICKS
 
 HORIZON = 7
@@ -242,6 +242,28 @@ def test_conformal_offsets_cover_a_new_error_at_least_at_their_level():
         alone = np.asarray(conformal_offsets(window, levels))[:, 0]
         np.testing.assert_allclose(np.asarray(pooled)[:, step], alone, rtol=1e-12)
     assert np.ptp(np.asarray(pooled)[3, :]) < np.ptp(np.asarray(offsets)[3, :])  # smoother
+
+
+def test_interval_errors_are_those_of_the_choice_made_without_each_window(tmp_path):
+    frame = series("a", np.arange(60.0))
+    plan = plan_for(frame, tmp_path, forecast={"horizon": HORIZON, "frequency": "D",
+                                               "intervals": [80, 95]})
+    lucky, steady = plan.candidates  # 3 windows x 7 steps of backtest, actuals zero
+    actual = np.zeros(3 * HORIZON)
+    lucky_errors = np.repeat([0.0, 0.0, 10.0], HORIZON)  # exact until the last window
+    evaluations = [Evaluation(lucky, {}, lucky_errors.mean(), lucky_errors),
+                   Evaluation(steady, {}, 2.0, np.full(3 * HORIZON, -2.0))]
+    errors = cross_selected_errors(evaluations, actual, plan)
+    # on all windows the steady candidate wins alone (2 against 3.3) and errs by 2 in
+    # each; chosen without the last window, the lucky one wins, and misses it by 10
+    np.testing.assert_array_equal(errors, np.repeat([[2.0], [2.0], [10.0]], HORIZON, axis=1))
+    offsets = np.asarray(conformal_offsets(errors, [80, 95], HORIZON // 2))
+    assert offsets[3].max() == 10.0 and offsets[2].max() == 10.0  # not 2: the choice errs
+    # a window whose left-out choice is a blend gets the blend's errors
+    evaluations = [Evaluation(lucky, {}, 2.1, np.full(3 * HORIZON, 2.1)),
+                   Evaluation(steady, {}, 2.0, np.full(3 * HORIZON, 2.0))]
+    blend = cross_selected_errors(evaluations, actual, plan)  # weighted 1 / error:
+    np.testing.assert_allclose(blend, 2 / (1 / 2.1 + 1 / 2.0))  # their harmonic mean
 
 
 def test_direct_strategy_is_mlforecasts_one_model_per_step(tmp_path):

@@ -9,7 +9,7 @@ result rows it shares; the packed engine runs it for many series per task.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -36,6 +36,7 @@ from raybricks.training.segment import (
     Plan,
     Skip,
     blended,
+    choose,
     key_row,
     member_row,
     result_for_error,
@@ -260,15 +261,35 @@ def baseline(series: Series, plan: Plan, key: tuple, origins: list[int],
     return metrics.metric(plan.metric).best(ok, lambda e: e.value)
 
 
-def intervals(chosen: list[tuple[Evaluation, float]], actual: np.ndarray, divisor: float,
-              spec: dict[str, Any]) -> dict[str, Any] | None:
+def intervals(evaluations: list[Evaluation], actual: np.ndarray, divisor: float,
+              plan: Plan) -> dict[str, Any] | None:
     """The series' conformal intervals (``forecast.intervals``; None without levels):
-    offsets per bound and step from the backtest errors of its ensemble."""
+    offsets per bound and step from its backtest errors (``cross_selected_errors``)."""
+    spec = plan.forecast
     if not spec["intervals"]:
         return None
-    errors = np.abs(actual - blended(chosen)).reshape(spec["windows"], spec["horizon"]) * divisor
+    errors = cross_selected_errors(evaluations, actual, plan) * divisor
     offsets = conformal_offsets(errors, spec["intervals"], interval_neighbours(spec["horizon"]))
     return {"levels": spec["intervals"], "offsets": offsets}
+
+
+def cross_selected_errors(evaluations: list[Evaluation], actual: np.ndarray, plan: Plan
+                          ) -> np.ndarray:
+    """Windows x horizon absolute backtest errors, each window's of the ensemble that
+    the selection picks on the other windows: errors of a choice made without the
+    window, as the future's are (the chosen ensemble's own errors on the windows it was
+    chosen on are optimistic, and under-cover)."""
+    metric = metrics.metric(plan.metric)
+    fitted = [e for e in evaluations if e.error is None]
+    window = np.arange(len(actual)) // plan.forecast["horizon"]
+    errors = []
+    for left_out in range(plan.forecast["windows"]):
+        others = window != left_out
+        rescored = [replace(e, value=metric.score(actual[others], e.predictions[others]))
+                    for e in fitted]
+        forecast = blended(choose(rescored, plan))
+        errors.append(np.abs(actual - forecast)[~others])
+    return np.stack(errors)
 
 
 def member_meta(series: Series, plan: Plan, bounds: dict[str, Any] | None = None
@@ -329,7 +350,7 @@ def train_series(data: pd.DataFrame, key: tuple, plan: Plan,
             evaluations.append(naive)
         row = key_row(plan, key, len(data))
         chosen = summarize(row, evaluations, actual, naive.predictions, plan)
-        bounds = intervals(chosen, actual, divisor, spec)
+        bounds = intervals(evaluations, actual, divisor, plan)
         members = [fitted_member(e.candidate, w, e.params, series, plan, key, bounds)
                    for e, w in chosen]
         row["status"] = TRAINED
