@@ -112,12 +112,33 @@ def employment() -> Dataset:
                               "date_features": ["month"]}, static=static)
 
 
-def scores(forecasts: pd.DataFrame, column: str, data: Dataset) -> dict[str, float]:
-    """Median MASE and sMAPE, mean MAE, over the series with held-out periods."""
+def scores(forecasts: pd.DataFrame, column: str, data: Dataset,
+           reference: pd.Series | None = None) -> dict[str, Any]:
+    """Median MASE and sMAPE, mean MAE, over the series with held-out periods; with
+    ``reference`` (per series MAE of another forecast), the geometric mean over series of
+    the MAE relative to it (AvgRelMAE: below 1, more accurate than the reference)."""
     bounds = [c for c in forecasts.columns if c.startswith(("lo_", "hi_"))]
     joined = data.test.merge(forecasts[["unique_id", "ds", column, *bounds]],
                              on=["unique_id", "ds"], how="left")
     missing = int(joined[column].isna().sum())
+    per = per_series(joined, column, data)
+    coverage = {}
+    for hi in (c for c in bounds if c.startswith("hi_")):
+        lo = "lo_" + hi[3:]
+        known = joined[joined[hi].notna()]
+        coverage[hi[3:]] = float(known.y.between(known[lo], known[hi]).mean())
+    found = {"series": int(len(per)), "missing_forecasts": missing,
+             "mase_median": float(per.mase.median()),
+             "smape_median": float(per.smape.median()), "mae_mean": float(per.mae.mean()),
+             "interval_coverage": coverage, "per_series_mae": per.mae.to_dict()}
+    if reference is not None:
+        ratio = (per.mae / reference.reindex(per.index)).replace([0, np.inf], np.nan).dropna()
+        found["relative_mae"] = float(np.exp(np.log(ratio).mean()))
+    return found
+
+
+def per_series(joined: pd.DataFrame, column: str, data: Dataset) -> pd.DataFrame:
+    """Per series: MAE, sMAPE and MASE of ``column`` on the held-out periods."""
     scale = data.train.groupby("unique_id").y.apply(
         lambda y: mase_scale(y.to_numpy(), data.season))
     per = joined.groupby("unique_id")[[column, "y"]].apply(lambda g: pd.Series({
@@ -126,15 +147,7 @@ def scores(forecasts: pd.DataFrame, column: str, data: Dataset) -> dict[str, flo
                                   2 * np.abs(g.y - g[column])
                                   / np.maximum(np.abs(g.y) + np.abs(g[column]), 1e-12)))}))
     per["mase"] = per["mae"] / scale.reindex(per.index).replace(0, np.nan)
-    coverage = {}
-    for hi in (c for c in bounds if c.startswith("hi_")):
-        lo = "lo_" + hi[3:]
-        known = joined[joined[hi].notna()]
-        coverage[hi[3:]] = float(known.y.between(known[lo], known[hi]).mean())
-    return {"series": int(len(per)), "missing_forecasts": missing,
-            "mase_median": float(per.mase.median()),
-            "smape_median": float(per.smape.median()), "mae_mean": float(per.mae.mean()),
-            "interval_coverage": coverage}
+    return per
 
 
 def mase_scale(y: np.ndarray, season: int) -> float:
@@ -218,6 +231,7 @@ def bench(data: Dataset, spark, workdir: str) -> dict[str, Any]:
     source = spark.read.parquet(table).select("unique_id", "ds", F.col("y").cast("double"))
     results: list[Measurement] = []
     accuracy = {"seasonal naive": scores(seasonal_naive(data), "naive", data)}
+    naive_mae = pd.Series(accuracy["seasonal naive"]["per_series_mae"])
     warm_up(source)
 
     def timed(name: str, run: Callable[[], pd.DataFrame], column: str) -> None:
@@ -228,7 +242,7 @@ def bench(data: Dataset, spark, workdir: str) -> dict[str, Any]:
         out["ds"] = pd.to_datetime(out.ds)
         if out.ds.dt.tz is not None:
             out["ds"] = out.ds.dt.tz_convert("UTC").dt.tz_localize(None)
-        accuracy[name] = scores(out, column, data)
+        accuracy[name] = scores(out, column, data, naive_mae)
         print(f"{data.name} {name:56s} {seconds:7.1f} s {n_series / seconds:7.1f} series/s "
               f"MASE {accuracy[name]['mase_median']:.3f}", flush=True)
 
@@ -332,12 +346,13 @@ def bench(data: Dataset, spark, workdir: str) -> dict[str, Any]:
     for m in results:
         print(f"| {m.name} | {m.seconds:.1f} | {m.rate:.1f} | {m.rate / base:.2f}x |")
     print("\n| forecasts of | series | MASE (median) | sMAPE (median) | MAE (mean) | "
-          "interval coverage |")
-    print("|---|---:|---:|---:|---:|---|")
+          "MAE relative to the seasonal naive (geometric mean) | interval coverage |")
+    print("|---|---:|---:|---:|---:|---:|---|")
     for name, a in accuracy.items():
         covered = ", ".join(f"{v:.0%} at {k}%" for k, v in a["interval_coverage"].items())
+        relative = f"{a['relative_mae']:.3f}" if "relative_mae" in a else "1"
         print(f"| {name} | {a['series']} | {a['mase_median']:.3f} | {a['smape_median']:.3f} | "
-              f"{a['mae_mean']:.3f} | {covered or '-'} |")
+              f"{a['mae_mean']:.3f} | {relative} | {covered or '-'} |")
     return {"series": n_series, "horizon": data.horizon, "windows": WINDOWS,
             "measurements": [asdict(m) | {"rate": m.rate} for m in results],
             "accuracy": accuracy}
