@@ -326,6 +326,34 @@ def test_data_conditions_end_skipped_or_trained_never_failed(tmp_path, name):
             last.sales)
 
 
+def test_a_frequency_that_fits_no_segment_is_refused_before_training(spark, tmp_path):
+    months = pd.date_range("2020-01-01", periods=36, freq="MS")
+    monthly = pd.concat([pd.DataFrame({"store": f"s{i}", "day": months,
+                                       "sales": np.arange(36.0) + i}) for i in range(3)])
+
+    def checked(frame, **forecast):
+        frame.to_parquet(tmp_path / "source.parquet", coerce_timestamps="us")
+        config = forecast_job(tmp_path, source={"path": str(tmp_path / "source.parquet")},
+                              forecast={"horizon": 3, "frequency": "D"} | forecast)
+        return validate(config, spark)
+
+    # monthly dates read as daily: every day between them would be a gap
+    with pytest.raises(ConfigError, match="frequency='D' does not fit the data: the dates "
+                       "of segment \\('s0',\\) are 'MS': every period between them"):
+        checked(monthly)
+    # daily dates read as monthly: off the grid of month starts
+    daily = monthly.assign(day=pd.Timestamp("2020-01-02") + pd.to_timedelta(
+        monthly.groupby("store").cumcount(), unit="D"))
+    with pytest.raises(ConfigError, match="not on its grid \\(they are 'D'\\).*3 segment"):
+        checked(daily, frequency="MS")
+    assert checked(monthly, frequency="MS").source_columns  # the data's frequency
+    assert checked(monthly, gaps="zero").source_columns  # gaps asked to be filled
+    # one segment that fits is enough: the others are skipped, each with its reason
+    mixed = pd.concat([monthly, series("daily", np.ones(40)).assign(
+        day=lambda f: f.day.astype("datetime64[us]"))])
+    assert checked(mixed).source_columns
+
+
 def test_dates_answer_as_timestamps_do(tmp_path):
     frame = series("a", 10 + np.arange(60.0) % 7)
     row, members = train_series(frame, ("a",), plan_for(frame, tmp_path))

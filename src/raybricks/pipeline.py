@@ -22,7 +22,7 @@ from raybricks.compat import arrow_schema
 from raybricks.config import JobConfig
 from raybricks.console import stage
 from raybricks.data import count_segments, no_rows, select_and_filter, to_ray_dataset
-from raybricks.errors import DataError, RaybricksError, SourceNotFound
+from raybricks.errors import ConfigError, DataError, RaybricksError, SourceNotFound
 from raybricks.results import release_memory
 from raybricks.sources import read_source
 from raybricks.training import TrainingResult, train_segments
@@ -35,6 +35,8 @@ if TYPE_CHECKING:
     from raybricks.tracking import Publication
 
 log = logging.getLogger(__name__)
+#: How many segments' dates ``check_frequency`` reads.
+FREQUENCY_SEGMENTS = 5
 #: The run's log (in its directory): raybricks' and the libraries' logging and warnings.
 LOG_FILE = "raybricks.log"
 
@@ -88,8 +90,37 @@ def checked_source(config: JobConfig, source: DataFrame) -> tuple[DataFrame, int
         + ([config.time_column] if config.time_column else [])
     )) if features is not None else None
     df = select_and_filter(source, config.segment_by, columns, config.source.where)
-    make_plan(config, arrow_schema(df.schema))  # column and type errors
-    return df, check_target(df, config.target, config.source.where)
+    plan = make_plan(config, arrow_schema(df.schema))  # column and type errors
+    rows = check_target(df, config.target, config.source.where)
+    if plan.forecast:
+        check_frequency(df, config, plan.forecast)
+    return df, rows
+
+
+def check_frequency(df: DataFrame, config: JobConfig, spec: dict) -> None:
+    """Refuse a forecast whose frequency fits the dates of none of a few segments (the
+    first ``FREQUENCY_SEGMENTS`` met in the source), which training would all skip."""
+    from functools import reduce
+
+    from pyspark.sql import functions as F
+
+    from raybricks.kinds.forecasting import times_of
+    from raybricks.training.forecast import frequency_problem
+
+    keys, time = config.segment_by, config.time_column
+    first = df.select(*keys).limit(FREQUENCY_SEGMENTS * 100).distinct().limit(
+        FREQUENCY_SEGMENTS).collect()
+    if not first:
+        return
+    chosen = reduce(lambda a, b: a | b, [
+        reduce(lambda a, b: a & b, [F.col(k).eqNullSafe(row[k]) for k in keys])
+        for row in first])
+    rows = df.where(chosen & F.col(time).isNotNull()).select(*keys, time).toPandas()
+    times = {key if isinstance(key, tuple) else (key,): times_of(group[time], spec)
+             for key, group in rows.groupby(keys, dropna=False)}
+    problem = frequency_problem(times, spec)
+    if problem:
+        raise ConfigError(problem)
 
 
 @dataclass(frozen=True)

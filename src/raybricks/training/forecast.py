@@ -190,6 +190,36 @@ def grid_between(first: Any, last: Any, spec: dict[str, Any]) -> pd.Index | None
     return grid if len(grid) and grid[0] == first else None
 
 
+def frequency_problem(times: dict[tuple, pd.Index], spec: dict[str, Any]) -> str | None:
+    """Why ``forecast.frequency`` fits none of the sampled segments' dates (``times``,
+    each segment's, any subset of them), so that training would skip every series; None
+    when a segment with three dates or more fits it, or none has three. A segment does
+    not fit when a date is off the frequency's grid, or (``gaps: skip``) when its dates
+    are evenly spaced further apart than the frequency (every period between them
+    missing)."""
+    sampled = {key: pd.Index(t).dropna().unique().sort_values() for key, t in times.items()}
+    sampled = {key: t for key, t in sampled.items() if len(t) >= 3}
+    if not sampled:
+        return None
+    frequency = spec["frequency"]
+    reasons = {}
+    for key, t in sampled.items():
+        grid = grid_between(t[0], t[-1], spec)
+        spacing = None if isinstance(frequency, int) else pd.infer_freq(t)
+        if grid is None or grid.get_indexer(t).min() < 0:
+            reasons[key] = "are not on its grid" + (f" (they are {spacing!r})" if spacing else "")
+        elif spec["gaps"] == "skip" and spacing and len(grid) > len(t):
+            reasons[key] = (f"are {spacing!r}: every period between them would be missing, and "
+                            "the series skipped (gaps: skip)")
+        else:
+            return None
+    key, reason = next(iter(reasons.items()))
+    return (f"forecast.frequency={frequency!r} does not fit the data: the dates of segment "
+            f"{key} {reason}, and so for every one of the {len(reasons)} segment(s) "
+            "sampled; set forecast.frequency to the data's (a pandas frequency such as D, "
+            "W-SUN, MS, h, or an integer step)")
+
+
 def minimum_length(spec: dict[str, Any], min_rows: int) -> int:
     """The shortest series the backtest can run on: the first window's training part
     (``min_rows``, and enough for the lags) plus every window's origin."""
