@@ -354,15 +354,22 @@ def _start_on_spark(
     return RayCluster("spark", head_address, args)
 
 
+#: Seconds between two counts of the Ray worker nodes that joined, while Ray on Spark starts.
+WORKERS_POLLED = 0.25
+
+
 @contextlib.contextmanager
 def head_start_polled(interval: float = 0.2) -> Iterator[None]:
-    """Within: Ray on Spark polls the head node's port instead of sleeping a fixed 20 s.
+    """Within: Ray on Spark polls the head node's port instead of sleeping a fixed 20 s,
+    and counts the worker nodes that joined every ``WORKERS_POLLED`` seconds, not 3.
 
     ``setup_ray_cluster`` sleeps ``_RAY_HEAD_STARTUP_TIMEOUT`` seconds, then checks the
     port once (Ray 2.37 to 2.60 alike). Here it checks at once and every ``interval``
     seconds until the port answers or as many seconds have passed: the same limit and
     the same error, as soon as the head answers (about 11 s sooner on a 2-core machine).
-    Ray versions without these names are left alone.
+    Then it waits for the worker nodes, looking every
+    ``_RAY_CLUSTER_STARTUP_PROGRESS_CHECKING_INTERVAL`` seconds (3; 1.5 s of waiting on
+    average after the last one joined). Ray versions without these names are left alone.
     """
     try:
         from ray.util.spark import cluster_init
@@ -383,13 +390,18 @@ def head_start_polled(interval: float = 0.2) -> Iterator[None]:
             time.sleep(interval)
         return True
 
+    checking = getattr(cluster_init, "_RAY_CLUSTER_STARTUP_PROGRESS_CHECKING_INTERVAL", None)
     cluster_init._RAY_HEAD_STARTUP_TIMEOUT = 0
     cluster_init.is_port_in_use = port_in_use_within_limit
+    if isinstance(checking, int | float):
+        cluster_init._RAY_CLUSTER_STARTUP_PROGRESS_CHECKING_INTERVAL = WORKERS_POLLED
     try:
         yield
     finally:
         cluster_init._RAY_HEAD_STARTUP_TIMEOUT = limit
         cluster_init.is_port_in_use = port_in_use
+        if isinstance(checking, int | float):
+            cluster_init._RAY_CLUSTER_STARTUP_PROGRESS_CHECKING_INTERVAL = checking
 
 
 def _executor_probe() -> Callable[[Iterable[Any]], list[dict[str, str | None]]]:
