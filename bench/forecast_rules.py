@@ -347,9 +347,11 @@ def main() -> None:
             cells.append(f"{scored.mase.median():.3f} ({label})")
         print(f"  {'rule chosen on the last window':40s} " + "  ".join(cells))
         print(f"{name}: the default against one model for every series, paired per series")
+        naive = apply(lambda backtests, actual: {"SeasonalNaive": 1.0}, series,
+                      {"SeasonalNaive"})
         for model in sorted(statistical):
             alone = apply(lambda backtests, actual, m=model: {m: 1.0}, series, {model})
-            cells = [paired(apply(within(0.1), series, names), alone)
+            cells = [paired(apply(within(0.1), series, names), alone, naive)
                      for names in sets.values()]
             print(f"  {model:16s} " + "  |  ".join(cells))
         scored = apply(within(0.1), series, sets[WITH_LAGS])
@@ -361,18 +363,23 @@ def main() -> None:
             print(f"  {label:52s} " + "  |  ".join(f"{c[80]:.0%} / {c[95]:.0%}" for c in cells))
 
 
-def paired(ours: pd.DataFrame, theirs: pd.DataFrame) -> str:
-    """Held-out MASE of ``ours`` against ``theirs`` over the series both scored: medians,
-    the geometric mean of the per-series ratio (below 1: ours is more accurate), and the
-    shares of series where ours is better and worse."""
-    both = ours.set_index("uid").mase.to_frame("ours").join(
-        theirs.set_index("uid").mase.rename("theirs"), how="inner")
-    both = both[(both > 0).all(axis=1) & np.isfinite(both).all(axis=1)]
-    ratio = np.exp(np.log(both.ours / both.theirs).mean())
-    return (f"median {both.ours.median():.3f} vs {both.theirs.median():.3f}, geometric mean "
-            f"ratio {ratio:.3f}, better on {(both.ours < both.theirs).mean():.0%}, worse on "
-            f"{(both.ours > both.theirs).mean():.0%}")
+def paired(ours: pd.DataFrame, theirs: pd.DataFrame, naive: pd.DataFrame) -> str:
+    """Held-out MASE of ``ours`` against ``theirs`` over the series all three (with the
+    seasonal ``naive``) forecast with some error: medians, each one's MAE relative to the
+    seasonal naive's (geometric mean over series, AvgRelMAE: below 1, better than it),
+    and the shares of series where ours is better and worse."""
+    both = pd.concat({name: frame.set_index("uid").mase for name, frame in
+                      {"ours": ours, "theirs": theirs, "naive": naive}.items()},
+                     axis=1, join="inner")
+    both = both[(both > 1e-6).all(axis=1) & np.isfinite(both).all(axis=1)]
 
+    def relative(column: str) -> float:
+        return float(np.exp(np.log(both[column] / both.naive).mean()))
+
+    return (f"median {both.ours.median():.3f} vs {both.theirs.median():.3f}, relative to "
+            f"the seasonal naive {relative('ours'):.3f} vs {relative('theirs'):.3f}, better "
+            f"on {(both.ours < both.theirs - 1e-9).mean():.0%}, worse on "
+            f"{(both.ours > both.theirs + 1e-9).mean():.0%} ({len(both)} series)")
 
 if __name__ == "__main__":
     main()
