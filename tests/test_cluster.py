@@ -89,6 +89,7 @@ def test_head_start_polls_the_port_within_ray_on_sparks_own_limit(monkeypatch):
     with head_start_polled(interval=0.05):
         assert cluster_init._RAY_HEAD_STARTUP_TIMEOUT == 0  # upstream's fixed sleep gone
         assert cluster_init._RAY_CLUSTER_STARTUP_PROGRESS_CHECKING_INTERVAL == 0.25  # was 3
+        assert cluster_init._RAY_WORKER_NODE_STARTUP_INTERVAL == 0  # the head's lock hold
         start = time.monotonic()
         assert cluster_init.is_port_in_use("127.0.0.1", port)
         answered = time.monotonic() - start
@@ -101,6 +102,7 @@ def test_head_start_polls_the_port_within_ray_on_sparks_own_limit(monkeypatch):
     assert cluster_init._RAY_HEAD_STARTUP_TIMEOUT == 3
     assert cluster_init.is_port_in_use is original
     assert cluster_init._RAY_CLUSTER_STARTUP_PROGRESS_CHECKING_INTERVAL == 3
+    assert cluster_init._RAY_WORKER_NODE_STARTUP_INTERVAL == 10
 
 
 def test_forwarded_env_picks_mlflow_and_databricks_only(monkeypatch):

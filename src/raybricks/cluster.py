@@ -369,7 +369,13 @@ def head_start_polled(interval: float = 0.2) -> Iterator[None]:
     the same error, as soon as the head answers (about 11 s sooner on a 2-core machine).
     Then it waits for the worker nodes, looking every
     ``_RAY_CLUSTER_STARTUP_PROGRESS_CHECKING_INTERVAL`` seconds (3; 1.5 s of waiting on
-    average after the last one joined). Ray versions without these names are left alone.
+    average after the last one joined). And the head does not hold the machine's
+    worker-start lock for ``_RAY_WORKER_NODE_STARTUP_INTERVAL`` (10 s) after taking its
+    worker ports: a worker node on the same machine (local Spark, a single-node cluster)
+    asking for the lock within those 10 s waited 10 s more, in about one start in three
+    here. Only the head, which starts before any worker node can be asked for, is
+    affected: worker nodes, started by Spark in other processes, keep the hold between
+    them. Ray versions without these names are left alone.
     """
     try:
         from ray.util.spark import cluster_init
@@ -390,18 +396,22 @@ def head_start_polled(interval: float = 0.2) -> Iterator[None]:
             time.sleep(interval)
         return True
 
-    checking = getattr(cluster_init, "_RAY_CLUSTER_STARTUP_PROGRESS_CHECKING_INTERVAL", None)
+    changed = {name: value for name, value in {
+        "_RAY_CLUSTER_STARTUP_PROGRESS_CHECKING_INTERVAL": WORKERS_POLLED,
+        "_RAY_WORKER_NODE_STARTUP_INTERVAL": 0,
+    }.items() if isinstance(getattr(cluster_init, name, None), int | float)}
+    kept = {name: getattr(cluster_init, name) for name in changed}
     cluster_init._RAY_HEAD_STARTUP_TIMEOUT = 0
     cluster_init.is_port_in_use = port_in_use_within_limit
-    if isinstance(checking, int | float):
-        cluster_init._RAY_CLUSTER_STARTUP_PROGRESS_CHECKING_INTERVAL = WORKERS_POLLED
+    for name, value in changed.items():
+        setattr(cluster_init, name, value)
     try:
         yield
     finally:
         cluster_init._RAY_HEAD_STARTUP_TIMEOUT = limit
         cluster_init.is_port_in_use = port_in_use
-        if isinstance(checking, int | float):
-            cluster_init._RAY_CLUSTER_STARTUP_PROGRESS_CHECKING_INTERVAL = checking
+        for name, value in kept.items():
+            setattr(cluster_init, name, value)
 
 
 def _executor_probe() -> Callable[[Iterable[Any]], list[dict[str, str | None]]]:
