@@ -264,6 +264,16 @@ def test_interval_errors_are_those_of_the_choice_made_without_each_window(tmp_pa
                    Evaluation(steady, {}, 2.0, np.full(3 * HORIZON, 2.0))]
     blend = cross_selected_errors(evaluations, actual, plan)  # weighted 1 / error:
     np.testing.assert_allclose(blend, 2 / (1 / 2.1 + 1 / 2.0))  # their harmonic mean
+    # a metric undefined without the window (wape over two windows of zeros): the
+    # choice made on every window stands for that window
+    wape = plan_for(frame, tmp_path, validation={"metric": "wape"}, forecast={
+        "horizon": HORIZON, "frequency": "D", "intervals": [80, 95]})
+    actual = np.repeat([0.0, 0.0, 5.0], HORIZON)
+    evaluations = [Evaluation(lucky, {}, 0.8, np.full(3 * HORIZON, 1.0)),
+                   Evaluation(steady, {}, 0.4, np.full(3 * HORIZON, 3.0))]
+    errors = cross_selected_errors(evaluations, actual, wape)
+    assert np.isfinite(errors).all()
+    np.testing.assert_allclose(errors[2], 2.0)  # the steady one alone, as chosen on all
 
 
 def test_direct_strategy_is_mlforecasts_one_model_per_step(tmp_path):

@@ -317,6 +317,8 @@ def cross_selected_errors(evaluations: list[Evaluation], actual: np.ndarray, pla
         others = window != left_out
         rescored = [replace(e, value=metric.score(actual[others], e.predictions[others]))
                     for e in fitted]
+        if not all(np.isfinite(e.value) for e in rescored):  # e.g. wape on zero windows
+            rescored = fitted  # no choice without the window: the one made with it
         forecast = blended(choose(rescored, plan))
         errors.append(np.abs(actual - forecast)[~others])
     return np.stack(errors)
