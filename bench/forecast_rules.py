@@ -349,12 +349,12 @@ def main() -> None:
         print(f"{name}: the default against one model for every series, paired per series")
         naive = apply(lambda backtests, actual: {"SeasonalNaive": 1.0}, series,
                       {"SeasonalNaive"})
+        defaults = [apply(within(0.1), series, names) for names in sets.values()]
         for model in sorted(statistical):
             alone = apply(lambda backtests, actual, m=model: {m: 1.0}, series, {model})
-            cells = [paired(apply(within(0.1), series, names), alone, naive)
-                     for names in sets.values()]
+            cells = [paired(default, alone, naive) for default in defaults]
             print(f"  {model:16s} " + "  |  ".join(cells))
-        scored = apply(within(0.1), series, sets[WITH_LAGS])
+        scored = defaults[list(sets).index(WITH_LAGS)]
         print(f"{name}: interval coverage of the default blend (+ lags), at 80% / 95%, "
               "calibrated on the errors of the blend chosen without each window "
               "(default) | on the windows it was chosen on")
@@ -380,6 +380,7 @@ def paired(ours: pd.DataFrame, theirs: pd.DataFrame, naive: pd.DataFrame) -> str
             f"the seasonal naive {relative('ours'):.3f} vs {relative('theirs'):.3f}, better "
             f"on {(both.ours < both.theirs - 1e-9).mean():.0%}, worse on "
             f"{(both.ours > both.theirs + 1e-9).mean():.0%} ({len(both)} series)")
+
 
 if __name__ == "__main__":
     main()

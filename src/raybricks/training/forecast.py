@@ -116,8 +116,8 @@ def clean_series(data: pd.DataFrame, plan: Plan) -> Series:
         raise Skip(f"duplicate dates: {int(duplicated.sum())} date(s) appear more than once "
                    f"(first {frame[TIME][duplicated].iloc[0]}); aggregate to one row per date")
     first, last = frame[TIME].iloc[0], frame[TIME].iloc[-1]
-    grid = grid_between(first, last, spec)
-    if grid is None or grid.get_indexer(frame[TIME]).min() < 0:
+    grid = grid_of(frame[TIME], spec)
+    if grid is None:
         raise Skip(f"dates do not follow frequency {spec['frequency']!r}: they are not every "
                    f"period from {first} (set forecast.frequency to the data's)")
     frame = frame.set_index(TIME).reindex(grid).rename_axis(TIME).reset_index()
@@ -190,6 +190,14 @@ def grid_between(first: Any, last: Any, spec: dict[str, Any]) -> pd.Index | None
     return grid if len(grid) and grid[0] == first else None
 
 
+def grid_of(times: pd.Series | pd.Index, spec: dict[str, Any]) -> pd.Index | None:
+    """Every period from the first of ``times`` (sorted) to the last; None when one of
+    them is off that grid."""
+    times = pd.Index(times)
+    grid = grid_between(times[0], times[-1], spec)
+    return None if grid is None or grid.get_indexer(times).min() < 0 else grid
+
+
 def frequency_problem(times: dict[tuple, pd.Index], spec: dict[str, Any]) -> str | None:
     """Why ``forecast.frequency`` fits none of the sampled segments' dates (``times``,
     each segment's, any subset of them), so that training would skip every series; None
@@ -204,9 +212,9 @@ def frequency_problem(times: dict[tuple, pd.Index], spec: dict[str, Any]) -> str
     frequency = spec["frequency"]
     reasons = {}
     for key, t in sampled.items():
-        grid = grid_between(t[0], t[-1], spec)
+        grid = grid_of(t, spec)
         spacing = None if isinstance(frequency, int) else pd.infer_freq(t)
-        if grid is None or grid.get_indexer(t).min() < 0:
+        if grid is None:
             reasons[key] = "are not on its grid" + (f" (they are {spacing!r})" if spacing else "")
         elif spec["gaps"] == "skip" and spacing and len(grid) > len(t):
             reasons[key] = (f"are {spacing!r}: every period between them would be missing, and "
