@@ -22,7 +22,9 @@ mean MAE.
   notebook session that keeps it between jobs; and the lag job with the global model
   (``fallback: global``: one LightGBM over every series, with static columns: the
   routes' origin and destination, the employment series' supersector and sector; each
-  series standardized) competing in every series' backtest.
+  series standardized) competing in every series' backtest. On the routes, both jobs
+  again with ``forecast.holidays: US`` (the weeks around US holidays taken out of every
+  history), an option of raybricks' alone.
 * ``statsforecast``, as its documentation recommends for choosing models per series:
   ``cross_validation`` (the same windows) and ``forecast`` with the same statistical
   models, then the best model per series by backtest MAE; on Spark (its Fugue backend,
@@ -69,6 +71,7 @@ class Dataset:
     features: dict[str, Any]  # raybricks' forecast lag features (mlforecast's alike)
     statistical: list[str] = field(default_factory=lambda: ["AutoETS", "AutoTheta"])
     static: pd.DataFrame | None = None  # per unique_id: its static columns
+    holidays: str | None = None  # forecast.holidays of the dataset's country, if daily
 
 
 def routes() -> Dataset:
@@ -92,7 +95,7 @@ def routes() -> Dataset:
                    test[test.unique_id.isin(long)], 28, "D", 7,
                    {"lags": [1, 7, 14, 28], "rolling": {"mean": [7, 28]},
                     "date_features": ["dayofweek", "month"]},
-                   ["AutoETS", "AutoTheta", "CrostonOptimized"], routes)
+                   ["AutoETS", "AutoTheta", "CrostonOptimized"], routes, "US")
 
 
 def employment() -> Dataset:
@@ -253,9 +256,12 @@ def bench(data: Dataset, spark, workdir: str) -> dict[str, Any]:
     data.train.merge(data.static, on="unique_id").to_parquet(
         f"{workdir}/{data.name}_static.parquet", coerce_timestamps="us")
 
-    def raybricks_config(models: list[dict], name: str, pooled: bool = False) -> JobConfig:
+    def raybricks_config(models: list[dict], name: str, pooled: bool = False,
+                         holidays: bool = False) -> JobConfig:
         extra = ({"fallback": "global", "forecast": {"static": statics}}
                  if pooled else {"forecast": {}})
+        if holidays:
+            extra["forecast"]["holidays"] = data.holidays
         return JobConfig.from_dict({
             "source": {"path": f"{workdir}/{data.name}_static.parquet" if pooled else table},
             "segment_by": ["unique_id"], "target": "y",
@@ -268,10 +274,10 @@ def bench(data: Dataset, spark, workdir: str) -> dict[str, Any]:
             "training": {"output_dir": f"{workdir}/runs", "progress": False}, **extra,
         })
 
-    def raybricks_run(models: list[dict], name: str, pooled: bool = False
-                      ) -> Callable[[], pd.DataFrame]:
+    def raybricks_run(models: list[dict], name: str, pooled: bool = False,
+                      holidays: bool = False) -> Callable[[], pd.DataFrame]:
         def run() -> pd.DataFrame:
-            train(raybricks_config(models, name, pooled), spark)
+            train(raybricks_config(models, name, pooled, holidays), spark)
             forecast(f"models:/{name}@champion", f"{workdir}/{name}_out", spark=spark,
                      intervals=True)
             return pd.read_parquet(f"{workdir}/{name}_out")
@@ -284,6 +290,12 @@ def bench(data: Dataset, spark, workdir: str) -> dict[str, Any]:
     timed(f"raybricks, statistical + lag candidates + global model ({', '.join(statics)})",
           raybricks_run(statistical + lags, f"bench_forecast_{data.name}_global", True),
           "prediction")
+    if data.holidays:  # raybricks only: the peers have no such option
+        for label, models in {"statistical candidates": statistical,
+                              "statistical + lag candidates": statistical + lags}.items():
+            timed(f"raybricks, {label}, holidays: {data.holidays}", raybricks_run(
+                models, f"bench_forecast_{data.name}_{len(models)}_holidays",
+                holidays=True), "prediction")
     # As in a notebook that keeps its Ray on Spark up between jobs (train connects to it):
     # the same job without the ~20 s start of Ray on Spark.
     with ray_cluster(ClusterConfig(), spark):

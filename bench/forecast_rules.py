@@ -10,7 +10,8 @@ coverage. In-process, both cores (one process per core); the backtests are cache
 ``--cache`` so rules can be changed and re-scored in seconds.
 
 Usage: ``python bench/forecast_rules.py [routes|employment ...] [--cache DIR]
-[--windows N] [--step N]`` (default: ``bench_forecast``'s windows, a horizon apart)
+[--windows N] [--step N] [--holidays]`` (default: ``bench_forecast``'s windows, a horizon
+apart; ``--holidays``: the routes with ``forecast.holidays: US``)
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from bench_forecast import WINDOWS as DEFAULT_WINDOWS  # noqa: E402
 from bench_forecast import Dataset, candidates, employment, mase_scale, routes  # noqa: E402
 
 WINDOWS, STEP = DEFAULT_WINDOWS, None  # the backtest's windows; set by --windows/--step
+HOLIDAYS = False  # --holidays: the dataset's holidays taken out of the histories
 STATISTICAL_ONLY = "statistical"
 WITH_LAGS = "+ lags"
 
@@ -60,7 +62,8 @@ def job_config(data: Dataset):
         "source": {"path": "unused.parquet"}, "segment_by": ["unique_id"], "target": "y",
         "time_column": "ds", "task": "forecast",
         "forecast": {"horizon": data.horizon, "frequency": data.frequency,
-                     "season_length": data.season, "intervals": [80, 95], **data.features},
+                     "season_length": data.season, "intervals": [80, 95], **data.features,
+                     **({"holidays": data.holidays} if HOLIDAYS else {})},
         "validation": {"windows": WINDOWS, "step": STEP}, "models": statistical + lags,
         "min_rows": 60,
     })
@@ -109,6 +112,7 @@ def _backtest_one(uid: str) -> Backtested | None:
 def backtest_all(data: Dataset, cache: Path) -> list[Backtested]:
     """Every series' backtests and held-out forecasts (from ``cache`` when there)."""
     suffix = "" if (WINDOWS, STEP) == (DEFAULT_WINDOWS, None) else f"-{WINDOWS}x{STEP}"
+    suffix += "-holidays" if HOLIDAYS else ""
     path = cache / f"rules-{data.name}{suffix}.pkl"
     if path.exists():  # plain dicts: readable whichever module ran the study
         return [Backtested(**found) for found in pickle.loads(path.read_bytes())]
@@ -322,9 +326,12 @@ def main() -> None:
     parser.add_argument("--cache", type=Path, default=Path("/tmp/raybricks-forecast-rules"))
     parser.add_argument("--windows", type=int, default=DEFAULT_WINDOWS)
     parser.add_argument("--step", type=int, default=None)
+    parser.add_argument("--holidays", action="store_true",
+                        help="take the dataset's holidays (forecast.holidays) out of the "
+                             "histories")
     args = parser.parse_args()
-    global WINDOWS, STEP
-    WINDOWS, STEP = args.windows, args.step
+    global WINDOWS, STEP, HOLIDAYS
+    WINDOWS, STEP, HOLIDAYS = args.windows, args.step, args.holidays
     for name in args.datasets:
         data = {"routes": routes, "employment": employment}[name]()
         series = backtest_all(data, args.cache)

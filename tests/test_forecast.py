@@ -27,7 +27,14 @@ from raybricks.results import FAILED, SKIPPED, TRAINED
 from raybricks.scoring import forecast, score
 from raybricks.segmented_model import SegmentModel
 from raybricks.training import train_segments
-from raybricks.training.forecast import cross_selected_errors, scale, train_series, windows
+from raybricks.training.forecast import (
+    clean_series,
+    cross_selected_errors,
+    periods_per_week,
+    scale,
+    train_series,
+    windows,
+)
 from raybricks.training.segment import Evaluation, make_plan
 from tests.test_registry import BLOCK_RAYBRICKS
 
@@ -109,6 +116,12 @@ def plan_for(frame: pd.DataFrame, tmp_path, **changes):
      "between 0 and 100"),
     ({"forecast": {"horizon": 7, "frequency": "D", "intervals": [90]},
       "validation": {"windows": 1}}, "windows of at least 2"),
+    ({"forecast": {"horizon": 7, "frequency": "W", "holidays": "US"}}, "daily or finer"),
+    ({"forecast": {"horizon": 7, "frequency": 1, "holidays": "US"}}, "daily or finer"),
+    ({"forecast": {"horizon": 7, "frequency": "D", "holidays": "XX"}},
+     "list_supported_countries"),
+    ({"forecast": {"horizon": 7, "frequency": "D", "holidays": {"before": 1}}},
+     "names no holidays"),
 ])
 def test_inconsistent_forecast_configs_are_clear_errors(tmp_path, changes, message):
     with pytest.raises(ConfigError, match=message):
@@ -382,6 +395,48 @@ def test_gaps_filled_on_request(tmp_path):
                                                    "gaps": gaps})
         row, _ = train_series(frame, ("gaps",), plan)
         assert row["status"] == TRAINED and f"gaps filled: 2 period(s) ({gaps})" in row["reason"]
+
+
+def weekdays(start: str, end: str) -> pd.DataFrame:
+    """A series of 10 plus the day of the week, every day."""
+    days = pd.date_range(start, end, freq="D")
+    return series("a", 10.0 + days.dayofweek, start=days[0])
+
+
+def test_holiday_weeks_are_replaced_by_the_same_weekday_of_the_nearest_weeks(tmp_path):
+    frame = weekdays("2024-10-01", "2024-12-03")
+    # US holidays in range: Columbus Day (Oct 14), Veterans Day (Nov 11), Thanksgiving
+    # (Nov 28); and a date of the user's. Three days either side: 4 x 7 days.
+    near = [pd.Timestamp(d) + pd.Timedelta(days=k) for d in
+            ("2024-10-14", "2024-10-25", "2024-11-11", "2024-11-28") for k in range(-3, 4)]
+    disturbed = frame.assign(sales=frame.sales.where(~frame.day.isin(near), frame.sales + 50))
+    holidays = {"country": "US", "dates": ["2024-10-25"]}
+    plan = plan_for(disturbed, tmp_path, forecast={"horizon": HORIZON, "frequency": "D",
+                                                   "holidays": holidays})
+    cleaned = clean_series(disturbed, plan)
+    # Dec 1 has no week after it in the series: the week before fills it
+    np.testing.assert_array_equal(cleaned.y, frame.sales.to_numpy())
+    assert "holidays replaced: 28 period(s)" in cleaned.notes[0]
+    assert [periods_per_week(f) for f in ("D", "B", "h")] == [7, 5, 168]
+    plan = plan_for(disturbed, tmp_path, forecast={"horizon": HORIZON, "frequency": "D"})
+    np.testing.assert_array_equal(clean_series(disturbed, plan).y, disturbed.sales)
+
+
+def test_holidays_keep_a_holiday_week_out_of_the_forecast(tmp_path):
+    frame = weekdays("2024-09-01", "2024-11-30")
+    thanksgiving = frame.day.between("2024-11-25", "2024-11-30")
+    low = frame.assign(sales=frame.sales.where(~thanksgiving, 2.0))
+    future = pd.DataFrame({"store": "a", "day": pd.date_range("2024-12-01", periods=7)})
+    expected = 10.0 + future.day.dt.dayofweek
+    errors = {}
+    for holidays in (None, "US"):
+        plan = plan_for(low, tmp_path, forecast={"horizon": HORIZON, "frequency": "D",
+                                                 "holidays": holidays})
+        row, members = train_series(low, ("a",), plan)
+        assert row["status"] == TRAINED
+        forecasts = SegmentModel.from_rows(members).predict(future)
+        errors[holidays] = float(np.mean(np.abs(forecasts - expected)))
+    assert errors["US"] < 0.5 < errors[None]
 
 
 def test_integer_periods(tmp_path):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+from datetime import date
 from pathlib import Path
 from typing import Literal
 
@@ -122,6 +123,42 @@ DATE_FEATURES = ("year", "quarter", "month", "week", "day", "dayofweek", "dayofy
                  "is_quarter_end", "is_year_start", "is_year_end")
 
 
+class HolidaysConfig(StrictModel):
+    """Holidays of ``forecast.holidays``: a ``country`` of the ``holidays`` package (US,
+    GB, DE, ...) with an optional ``subdivision`` (a state or province), and/or extra
+    ``dates`` (a sale, a strike). In each series' history, the periods from ``before``
+    days before each holiday to ``after`` days after it are replaced by the same weekday
+    and time of the nearest weeks around them, so that no model learns its weekly pattern
+    or level from a holiday week; a future holiday is forecast as an ordinary day.
+    """
+
+    country: str | None = None
+    subdivision: str | None = None
+    dates: list[date] = Field(default_factory=list)
+    before: int = Field(default=3, ge=0)
+    after: int = Field(default=3, ge=0)
+
+    @after_validator
+    def _check(self) -> HolidaysConfig:
+        if self.country is None and not self.dates:
+            raise ValueError("forecast.holidays names no holidays: give a country (US, GB, "
+                             "...) of the holidays package, or dates")
+        if self.subdivision is not None and self.country is None:
+            raise ValueError("forecast.holidays.subdivision needs a country")
+        if self.country is not None:
+            try:
+                import holidays
+            except ImportError:
+                raise ValueError("forecast.holidays.country needs the holidays package: pip "
+                                 "install 'raybricks[forecast]'") from None
+            try:
+                holidays.country_holidays(self.country, subdiv=self.subdivision)
+            except NotImplementedError as error:
+                raise ValueError(f"{error}: use a country code (and subdivision) of "
+                                 "holidays.list_supported_countries()") from None
+        return self
+
+
 class ForecastConfig(StrictModel):
     """Task forecast: what each series is forecast with.
 
@@ -138,6 +175,8 @@ class ForecastConfig(StrictModel):
     mlforecast's one model per step, forecasts up to the horizon only). ``static``:
     columns describing a series as a whole (store type, region; numbers or strings),
     features of the global model (``fallback: global``), which learns across series.
+    ``holidays``: days taken out of each series' history (``HolidaysConfig``; a country
+    code alone is shorthand for ``{country: ...}``).
     """
 
     horizon: PositiveInt
@@ -154,6 +193,11 @@ class ForecastConfig(StrictModel):
     gaps: Literal["skip", "zero", "forward"] = "skip"
     intervals: list[float] = Field(default_factory=list)
     strategy: Literal["recursive", "direct"] = "recursive"
+    holidays: HolidaysConfig | None = None
+
+    @before_validator("holidays")
+    def _holidays_shorthand(cls, value: object) -> object:
+        return {"country": value} if isinstance(value, str) else value
 
     @after_validator
     def _check(self) -> ForecastConfig:
@@ -179,7 +223,21 @@ class ForecastConfig(StrictModel):
                              "frequency has no dates")
         if self.lags is not None and not self.lags:
             raise ValueError("forecast.lags is empty: list lags, or omit it for the default")
+        if self.holidays is not None and not self.daily_or_finer:
+            raise ValueError(f"forecast.holidays need a daily or finer frequency (D, B, h, "
+                             f"...) of dates; frequency is {self.frequency!r}")
         return self
+
+    @property
+    def daily_or_finer(self) -> bool:
+        """Whether the frequency is of dates, one day apart or less."""
+        if not isinstance(self.frequency, str):
+            return False
+        import pandas as pd
+
+        monday = pd.Timestamp("2024-01-01")
+        step = pd.tseries.frequencies.to_offset(self.frequency)
+        return monday + step - monday <= pd.Timedelta(days=1)
 
     @property
     def seasonality(self) -> int:

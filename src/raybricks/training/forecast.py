@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field, replace
+from datetime import date
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -63,6 +65,11 @@ def forecast_spec(config: JobConfig) -> dict[str, Any]:
             config.segment_by if config.global_segment_features else []))),
         "gaps": forecast.gaps, "intervals": sorted(set(forecast.intervals)),
         "strategy": forecast.strategy,
+        "holidays": None if forecast.holidays is None else {
+            "country": forecast.holidays.country,
+            "subdivision": forecast.holidays.subdivision,
+            "dates": tuple(sorted(forecast.holidays.dates)),
+            "before": forecast.holidays.before, "after": forecast.holidays.after},
         "windows": validation.windows,
         "step": validation.step or forecast.horizon,
     }
@@ -130,6 +137,13 @@ def clean_series(data: pd.DataFrame, plan: Plan) -> Series:
         filled = frame[TARGET].fillna(0.0) if spec["gaps"] == "zero" else frame[TARGET].ffill()
         frame[TARGET] = filled
         notes.append(f"gaps filled: {gaps} period(s) ({spec['gaps']})")
+    if spec.get("holidays"):
+        replace = near_holidays(frame[TIME], spec["holidays"])
+        if replace.any():
+            frame[TARGET] = seasonal_fill(frame[TARGET].to_numpy(dtype="float64"), replace,
+                                          periods_per_week(spec["frequency"]))
+            notes.append(f"holidays replaced: {int(replace.sum())} period(s) near holidays "
+                         "(by the same weekday and time of the nearest weeks)")
     if exogenous:
         frame[exogenous] = frame[exogenous].ffill().bfill()
         if frame[exogenous].isna().any(axis=None):
@@ -154,6 +168,65 @@ def clean_series(data: pd.DataFrame, plan: Plan) -> Series:
     if zeros >= INTERMITTENT_ZEROS:
         notes.append(f"intermittent: {zeros:.0%} of periods are zero")
     return Series(frame, notes, static_values(data, plan))
+
+
+@lru_cache(maxsize=32)
+def holiday_days(country: str | None, subdivision: str | None, dates: tuple[date, ...],
+                 first_year: int, last_year: int) -> pd.DatetimeIndex:
+    """The holidays of ``country`` (the ``holidays`` package) over the years, and
+    ``dates``."""
+    days = set(dates)
+    if country is not None:
+        import holidays
+
+        days.update(holidays.country_holidays(country, subdiv=subdivision,
+                                              years=range(first_year, last_year + 1)))
+    return pd.DatetimeIndex(sorted(days))
+
+
+def near_holidays(times: pd.Series, spec: dict[str, Any]) -> np.ndarray:
+    """Whether each of ``times`` falls from ``before`` days before a holiday of ``spec``
+    (``forecast.holidays``) to ``after`` days after it."""
+    days = pd.DatetimeIndex(times).tz_localize(None).normalize()
+    before, after = spec["before"], spec["after"]
+    found = holiday_days(spec["country"], spec["subdivision"], spec["dates"],
+                         days[0].year - 1, days[-1].year + 1)
+    around = found.to_numpy()[:, None] + np.arange(-before, after + 1) * np.timedelta64(1, "D")
+    return days.isin(around.ravel())
+
+
+def periods_per_week(frequency: str) -> int:
+    """How many periods of ``frequency`` (daily or finer) one week has: 7 for D, 5 for
+    B, 168 for h."""
+    monday = pd.Timestamp("2024-01-01")
+    return len(pd.date_range(monday, monday + pd.Timedelta(days=7), freq=frequency,
+                             inclusive="left"))
+
+
+def seasonal_fill(y: np.ndarray, replace: np.ndarray, period: int) -> np.ndarray:
+    """``y`` with each ``replace`` period set to the mean of the nearest periods a
+    whole number of ``period`` before and after it that are not replaced (one side at a
+    series' ends; left as it is where there is none)."""
+    at = np.flatnonzero(replace)
+    sides = []
+    for direction in (-1, 1):
+        found = np.full(len(at), np.nan)
+        for k in range(1, len(y) // period + 1):
+            other = at + direction * k * period
+            inside = (other >= 0) & (other < len(y))
+            usable = np.zeros(len(at), bool)
+            usable[inside] = ~replace[other[inside]]
+            take = usable & np.isnan(found)
+            found[take] = y[other[take]]
+            if not inside.any() or not np.isnan(found).any():
+                break
+        sides.append(found)
+    sides = np.stack(sides)
+    counts = np.isfinite(sides).sum(axis=0)
+    filled = y.copy()
+    some = counts > 0
+    filled[at[some]] = np.nansum(sides, axis=0)[some] / counts[some]
+    return filled
 
 
 def static_values(data: pd.DataFrame, plan: Plan) -> dict[str, Any]:
