@@ -34,7 +34,12 @@ mean MAE.
   rolling means and date features. (``DistributedMLForecast`` on Spark needs SynapseML's
   LightGBM jars from Maven, which this machine cannot download.)
 
-Usage: ``python bench/bench_forecast.py [routes|employment ...]`` (default: both).
+Accuracy is compared over the series every method forecasts with some error: each
+method's MAE relative to the seasonal naive forecast's and to statsforecast's selection's,
+geometric means over series, the latter with a 95% bootstrap interval.
+
+Usage: ``python bench/bench_forecast.py [routes|employment ...]`` (default: both);
+``--rescore``: the tables again from ``results/forecast.json``'s per-series errors.
 """
 
 from __future__ import annotations
@@ -115,11 +120,9 @@ def employment() -> Dataset:
                               "date_features": ["month"]}, static=static)
 
 
-def scores(forecasts: pd.DataFrame, column: str, data: Dataset,
-           reference: pd.Series | None = None) -> dict[str, Any]:
-    """Median MASE and sMAPE, mean MAE, over the series with held-out periods; with
-    ``reference`` (per series MAE of another forecast), the geometric mean over series of
-    the MAE relative to it (AvgRelMAE: below 1, more accurate than the reference)."""
+def scores(forecasts: pd.DataFrame, column: str, data: Dataset) -> dict[str, Any]:
+    """Median MASE and sMAPE, mean MAE, over the series with held-out periods, and every
+    series' MAE (for ``compared``)."""
     bounds = [c for c in forecasts.columns if c.startswith(("lo_", "hi_"))]
     joined = data.test.merge(forecasts[["unique_id", "ds", column, *bounds]],
                              on=["unique_id", "ds"], how="left")
@@ -134,10 +137,31 @@ def scores(forecasts: pd.DataFrame, column: str, data: Dataset,
              "mase_median": float(per.mase.median()),
              "smape_median": float(per.smape.median()), "mae_mean": float(per.mae.mean()),
              "interval_coverage": coverage, "per_series_mae": per.mae.to_dict()}
-    if reference is not None:
-        ratio = (per.mae / reference.reindex(per.index)).replace([0, np.inf], np.nan).dropna()
-        found["relative_mae"] = float(np.exp(np.log(ratio).mean()))
     return found
+
+
+#: Series some method forecasts within this MAE are left out of ratios of MAEs.
+EXACT = 1e-6
+REFERENCE, SELECTION = "seasonal naive", "statsforecast on Spark, same models"
+
+
+def compared(accuracy: dict[str, dict[str, Any]]) -> None:
+    """Adds to each method's scores, over the series every method forecasts with some
+    error (MAE above ``EXACT``: a ratio to a near-exact forecast rules a geometric mean),
+    its MAE relative to the seasonal naive forecast's (geometric mean over series,
+    AvgRelMAE: below 1, more accurate) and relative to statsforecast's selection's, with a
+    95% bootstrap interval over series (seeded)."""
+    per = pd.DataFrame({name: a["per_series_mae"] for name, a in accuracy.items()})
+    common = per[(per > EXACT).all(axis=1)]
+    selection = next(name for name in per if name.startswith(SELECTION))
+    for name, a in accuracy.items():
+        rng = np.random.default_rng(0)
+        a["compared_series"] = len(common)
+        a["relative_mae"] = float(np.exp(np.log(common[name] / common[REFERENCE]).mean()))
+        logs = np.log(common[name] / common[selection]).to_numpy()
+        means = rng.choice(logs, (2000, len(logs))).mean(axis=1)
+        a["vs_selection"] = [float(np.exp(v)) for v in
+                             (logs.mean(), *np.quantile(means, [0.025, 0.975]))]
 
 
 def per_series(joined: pd.DataFrame, column: str, data: Dataset) -> pd.DataFrame:
@@ -233,8 +257,7 @@ def bench(data: Dataset, spark, workdir: str) -> dict[str, Any]:
     data.train.to_parquet(table, coerce_timestamps="us")  # Spark reads microseconds
     source = spark.read.parquet(table).select("unique_id", "ds", F.col("y").cast("double"))
     results: list[Measurement] = []
-    accuracy = {"seasonal naive": scores(seasonal_naive(data), "naive", data)}
-    naive_mae = pd.Series(accuracy["seasonal naive"]["per_series_mae"])
+    accuracy = {REFERENCE: scores(seasonal_naive(data), "naive", data)}
     warm_up(source)
 
     def timed(name: str, run: Callable[[], pd.DataFrame], column: str) -> None:
@@ -245,7 +268,7 @@ def bench(data: Dataset, spark, workdir: str) -> dict[str, Any]:
         out["ds"] = pd.to_datetime(out.ds)
         if out.ds.dt.tz is not None:
             out["ds"] = out.ds.dt.tz_convert("UTC").dt.tz_localize(None)
-        accuracy[name] = scores(out, column, data, naive_mae)
+        accuracy[name] = scores(out, column, data)
         print(f"{data.name} {name:56s} {seconds:7.1f} s {n_series / seconds:7.1f} series/s "
               f"MASE {accuracy[name]['mase_median']:.3f}", flush=True)
 
@@ -350,27 +373,48 @@ def bench(data: Dataset, spark, workdir: str) -> dict[str, Any]:
 
     timed("mlforecast in-process (one global LightGBM)", mlforecast_local, "lgbm")
 
-    base = next(m for m in results if m.name.startswith("statsforecast on Spark, same")).rate
-    print(f"\n{data.name}: {n_series} series, horizon {data.horizon}, {WINDOWS} backtest "
-          "windows")
+    found = {"series": n_series, "horizon": data.horizon, "windows": WINDOWS,
+             "measurements": [asdict(m) | {"rate": m.rate} for m in results],
+             "accuracy": accuracy}
+    report(data.name, found)
+    return found
+
+
+def report(name: str, found: dict[str, Any]) -> None:
+    """Prints one dataset's tables (speed, accuracy), comparing accuracy first."""
+    accuracy = found["accuracy"]
+    compared(accuracy)
+    results = found["measurements"]
+    base = next(m for m in results if m["name"].startswith(SELECTION))["rate"]
+    print(f"\n{name}: {found['series']} series, horizon {found['horizon']}, "
+          f"{found['windows']} backtest windows")
     print("| method | seconds | series/s | vs statsforecast on Spark (same models) |")
     print("|---|---:|---:|---:|")
     for m in results:
-        print(f"| {m.name} | {m.seconds:.1f} | {m.rate:.1f} | {m.rate / base:.2f}x |")
-    print("\n| forecasts of | series | MASE (median) | sMAPE (median) | MAE (mean) | "
-          "MAE relative to the seasonal naive (geometric mean) | interval coverage |")
-    print("|---|---:|---:|---:|---:|---:|---|")
-    for name, a in accuracy.items():
+        print(f"| {m['name']} | {m['seconds']:.1f} | {m['rate']:.1f} | "
+              f"{m['rate'] / base:.2f}x |")
+    n = next(iter(accuracy.values()))["compared_series"]
+    print(f"\n| forecasts of | series | MASE (median) | sMAPE (median) | MAE (mean) | MAE "
+          f"relative to the seasonal naive ({n} series) | MAE relative to statsforecast's "
+          "selection (95% interval) | interval coverage |")
+    print("|---|---:|---:|---:|---:|---:|---|---|")
+    for method, a in accuracy.items():
         covered = ", ".join(f"{v:.0%} at {k}%" for k, v in a["interval_coverage"].items())
-        relative = f"{a['relative_mae']:.3f}" if "relative_mae" in a else "1"
-        print(f"| {name} | {a['series']} | {a['mase_median']:.3f} | {a['smape_median']:.3f} | "
-              f"{a['mae_mean']:.3f} | {relative} | {covered or '-'} |")
-    return {"series": n_series, "horizon": data.horizon, "windows": WINDOWS,
-            "measurements": [asdict(m) | {"rate": m.rate} for m in results],
-            "accuracy": accuracy}
+        ratio, low, high = a["vs_selection"]
+        print(f"| {method} | {a['series']} | {a['mase_median']:.3f} | "
+              f"{a['smape_median']:.3f} | {a['mae_mean']:.3f} | {a['relative_mae']:.3f} | "
+              f"{ratio:.3f} ({low:.3f} to {high:.3f}) | {covered or '-'} |")
 
 
 def main() -> None:
+    if sys.argv[1:] == ["--rescore"]:  # the tables again from the saved per-series MAEs
+        import json
+
+        meta = json.loads((RESULTS / "forecast.json").read_text())["meta"]
+        for name, found in meta["datasets"].items():
+            report(name, found)
+        save("forecast", [], meta)
+        return
     from raybricks.session import local_spark_session
 
     wanted = sys.argv[1:] or ["routes", "employment"]
