@@ -123,6 +123,16 @@ DATE_FEATURES = ("year", "quarter", "month", "week", "day", "dayofweek", "dayofy
                  "is_quarter_end", "is_year_start", "is_year_end")
 
 
+def daily_or_finer(frequency: int | str) -> bool:
+    """Whether ``frequency`` is of dates one day apart or less (D, B, h, ...)."""
+    if not isinstance(frequency, str):
+        return False
+    import pandas as pd
+
+    monday = pd.Timestamp("2024-01-01")
+    return monday + pd.tseries.frequencies.to_offset(frequency) - monday <= pd.Timedelta(days=1)
+
+
 class HolidaysConfig(StrictModel):
     """Holidays of ``forecast.holidays``: a ``country`` of the ``holidays`` package (US,
     GB, DE, ...) with an optional ``subdivision`` (a state or province), and/or extra
@@ -223,21 +233,11 @@ class ForecastConfig(StrictModel):
                              "frequency has no dates")
         if self.lags is not None and not self.lags:
             raise ValueError("forecast.lags is empty: list lags, or omit it for the default")
-        if self.holidays is not None and not self.daily_or_finer:
+        if self.holidays is not None and not daily_or_finer(self.frequency):
             raise ValueError(f"forecast.holidays need a daily or finer frequency (D, B, h, "
                              f"...) of dates; frequency is {self.frequency!r}")
         return self
 
-    @property
-    def daily_or_finer(self) -> bool:
-        """Whether the frequency is of dates, one day apart or less."""
-        if not isinstance(self.frequency, str):
-            return False
-        import pandas as pd
-
-        monday = pd.Timestamp("2024-01-01")
-        step = pd.tseries.frequencies.to_offset(self.frequency)
-        return monday + step - monday <= pd.Timedelta(days=1)
 
     @property
     def seasonality(self) -> int:
