@@ -233,7 +233,11 @@ def rules() -> dict[str, Rule]:
         "within 0% or within 1 se": indistinct(1.0, share=0.0),
         "within 0% or within 2 se": indistinct(2.0, share=0.0),
         "all (the naive forecasts compete), best": naive_competes(best()),
+        "all, within 10%, weighted": naive_competes(within(0.1)),
         "within 10%, replaced by a better naive": naive_replaces(within(0.1)),
+        "AutoETS alone": lambda backtests, actual: {"autoets": 1.0},
+        "the seasonal naive alone": naive_competes(
+            lambda backtests, actual: {"SeasonalNaive": 1.0}),
     }
 
 
