@@ -30,9 +30,11 @@ mean MAE.
   models, then the best model per series by backtest MAE; on Spark (its Fugue backend,
   ``df=spark_df``) and in-process (``n_jobs=-1``). And its simplest path, AutoETS
   ``forecast`` alone on Spark (no selection, one fit per series), for reference.
-* ``mlforecast in-process``: one global LightGBM over all series on the same lags,
-  rolling means and date features. (``DistributedMLForecast`` on Spark needs SynapseML's
-  LightGBM jars from Maven, which this machine cannot download.)
+* ``mlforecast``: one global model over all series on the same lags, rolling means and
+  date features: on Spark, ``DistributedMLForecast`` with its Spark XGBoost model
+  (``SparkXGBForecast``: xgboost's own ``xgboost.spark``; its LightGBM model needs
+  SynapseML's jars from Maven, which this machine cannot download), and in-process, a
+  LightGBM.
 
 Accuracy is compared over the series every method forecasts with some error: each
 method's MAE relative to the seasonal naive forecast's and to statsforecast's selection's,
@@ -372,6 +374,24 @@ def bench(data: Dataset, spark, workdir: str) -> dict[str, Any]:
         return pd.read_parquet(f"{workdir}/mlf_out")
 
     timed("mlforecast in-process (one global LightGBM)", mlforecast_local, "lgbm")
+
+    def mlforecast_spark() -> pd.DataFrame:
+        from mlforecast.distributed import DistributedMLForecast
+        from mlforecast.distributed.models.spark.xgb import SparkXGBForecast
+
+        slots = spark.sparkContext.defaultParallelism
+        features = data.features
+        mlf = DistributedMLForecast(
+            models=[SparkXGBForecast(num_workers=slots, verbosity=0)], freq=data.frequency,
+            lags=features["lags"],
+            lag_transforms={1: [RollingMean(w) for w in features["rolling"]["mean"]]},
+            date_features=features["date_features"], num_partitions=slots)
+        mlf.fit(source)
+        mlf.predict(data.horizon).write.mode("overwrite").parquet(f"{workdir}/dmlf_out")
+        return pd.read_parquet(f"{workdir}/dmlf_out")
+
+    timed("mlforecast on Spark (DistributedMLForecast, one global XGBoost)",
+          mlforecast_spark, "SparkXGBForecast")
 
     found = {"series": n_series, "horizon": data.horizon, "windows": WINDOWS,
              "measurements": [asdict(m) | {"rate": m.rate} for m in results],
