@@ -478,7 +478,10 @@ def published(ray_on_spark, spark, tmp_path_factory):
                           registry={"name": "tests.forecast.model"},
                           forecast={"horizon": HORIZON, "frequency": "D",
                                     "rolling": {"mean": [7]}, "date_features": ["dayofweek"],
-                                    "intervals": [80, 95]})
+                                    "intervals": [80, 95],
+                                    # New Year's Day, MLK Day, Presidents' Day and a date
+                                    "holidays": {"country": "US", "dates": ["2024-02-14"],
+                                                 "before": 0, "after": 0}})
     ds = to_ray_dataset(spark.createDataFrame(data), ["store"])
     result = train_segments(ds, config)
     return data, result, tracking.publish(result, config)
@@ -488,6 +491,7 @@ def test_series_blend_their_local_candidates_and_beat_the_baseline(published):
     _, result, _ = published
     segments = result.segments.set_index("store")
     assert (segments.status == TRAINED).all(), segments.reason
+    assert segments.reason.str.contains("holidays replaced: 4 period").all()
     season = segments.filter(like="season", axis=0)
     noise = segments.filter(like="noise", axis=0)
     # the default blends the local candidates within 10% of the best; a naive forecast

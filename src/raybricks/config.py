@@ -238,7 +238,6 @@ class ForecastConfig(StrictModel):
                              f"...) of dates; frequency is {self.frequency!r}")
         return self
 
-
     @property
     def seasonality(self) -> int:
         """The season length: as configured, else from the frequency (1 when unknown)."""
