@@ -157,6 +157,11 @@ def within(share: float | None, top_k: int = 3, power: float = 1.0) -> Rule:
     return rule
 
 
+def alone(name: str) -> Rule:
+    """One candidate (or naive forecast) for every series."""
+    return lambda backtests, actual: {name: 1.0}
+
+
 def best() -> Rule:
     return lambda backtests, actual: {ranked(backtests, actual)[0][0]: 1.0}
 
@@ -235,9 +240,8 @@ def rules() -> dict[str, Rule]:
         "all (the naive forecasts compete), best": naive_competes(best()),
         "all, within 10%, weighted": naive_competes(within(0.1)),
         "within 10%, replaced by a better naive": naive_replaces(within(0.1)),
-        "AutoETS alone": lambda backtests, actual: {"autoets": 1.0},
-        "the seasonal naive alone": naive_competes(
-            lambda backtests, actual: {"SeasonalNaive": 1.0}),
+        "AutoETS alone": alone("autoets"),
+        "the seasonal naive alone": naive_competes(alone("SeasonalNaive")),
     }
 
 
@@ -358,12 +362,11 @@ def main() -> None:
             cells.append(f"{scored.mase.median():.3f} ({label})")
         print(f"  {'rule chosen on the last window':40s} " + "  ".join(cells))
         print(f"{name}: the default against one model for every series, paired per series")
-        naive = apply(lambda backtests, actual: {"SeasonalNaive": 1.0}, series,
-                      {"SeasonalNaive"})
+        naive = apply(alone("SeasonalNaive"), series, {"SeasonalNaive"})
         defaults = [apply(within(0.1), series, names) for names in sets.values()]
         for model in sorted(statistical):
-            alone = apply(lambda backtests, actual, m=model: {m: 1.0}, series, {model})
-            cells = [paired(default, alone, naive) for default in defaults]
+            single = apply(alone(model), series, {model})
+            cells = [paired(default, single, naive) for default in defaults]
             print(f"  {model:16s} " + "  |  ".join(cells))
         scored = defaults[list(sets).index(WITH_LAGS)]
         print(f"{name}: interval coverage of the default blend (+ lags), at 80% / 95%, "
