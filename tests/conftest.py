@@ -1,4 +1,10 @@
-"""One local Spark session and one Ray-on-Spark cluster for the whole test session."""
+"""One Spark session and one Ray-on-Spark cluster for the whole test session.
+
+Spark runs in ``local[2]``, or on the master ``RAYBRICKS_TEST_MASTER`` names: the suite's
+second run, ``make test``'s ``-m topology``, uses ``local-cluster[2,2,1024]`` (a
+standalone master and two executor JVMs of two cores), where Ray on Spark takes its
+cluster path: one Ray worker node per executor, Spark keeping a slot on each.
+"""
 
 from __future__ import annotations
 
@@ -12,13 +18,25 @@ import pytest
 _TMP = tempfile.mkdtemp(prefix="raybricks-tests-")
 os.environ.setdefault("MLFLOW_TRACKING_URI", f"sqlite:///{_TMP}/mlflow.db")
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+#: The Spark master of this run (None: local[2]).
+MASTER = os.environ.get("RAYBRICKS_TEST_MASTER") or None
+
+
+def pytest_collection_modifyitems(config, items):
+    """On another master, only the tests marked ``topology`` run."""
+    if MASTER is None:
+        return
+    chosen = [item for item in items if "topology" in item.keywords]
+    config.hook.pytest_deselected(items=[item for item in items if item not in chosen])
+    items[:] = chosen
 
 
 @pytest.fixture(scope="session")
 def spark():
     from raybricks.session import local_spark_session
 
-    session = local_spark_session(cores=2, driver_memory="2g", warehouse_dir=f"{_TMP}/warehouse")
+    session = local_spark_session(cores=2, driver_memory="2g", warehouse_dir=f"{_TMP}/warehouse",
+                                  master=MASTER)
     yield session
     session.stop()
 

@@ -75,6 +75,7 @@ def sales(spark):
     return df.unionByName(nulls)
 
 
+@pytest.mark.topology
 @pytest.mark.parametrize("strategy", ["parquet", "arrow"])
 def test_every_row_arrives_in_whole_segment_blocks(ray_on_spark, sales, strategy):
     segmented = to_ray_dataset(
@@ -129,6 +130,7 @@ def test_auto_collects_on_the_driver_only_what_is_small_in_bytes_too(spark):
         "arrow", spark, rows, 10**9, data.arrow_size_estimate(wide, rows)) == "arrow"
 
 
+@pytest.mark.topology
 @pytest.mark.parametrize("strategy", ["parquet", "arrow"])
 def test_types_survive_the_trip(ray_on_spark, spark, strategy):
     from pyspark.sql import types as T
@@ -214,6 +216,7 @@ def test_split_into_blocks_keeps_segments_whole_and_bounds_size():
     assert [b.num_rows for b in split_into_blocks(two_keys, ["a", "b"], 1)] == [2, 1, 1]
 
 
+@pytest.mark.topology
 def test_segment_count_agrees_between_spark_and_ray(ray_on_spark, sales):
     from raybricks.data import count_segments
 
@@ -340,6 +343,7 @@ class TestChunksThroughRay:
         assert not any(os.path.exists(c.id) for c in chunks)
         return chunks
 
+    @pytest.mark.topology
     @pytest.mark.parametrize("chunk_bytes", [2_000, 40_000])
     def test_every_row_arrives_once_in_whole_segments(self, chunk_api, sales, chunk_bytes):
         """2 kB chunks: every segment spans several chunks; 40 kB: a few segments per

@@ -505,6 +505,7 @@ def test_series_blend_their_local_candidates_and_beat_the_baseline(published):
     assert season.metric_mase.median() < season.baseline_mase.median()
 
 
+@pytest.mark.topology
 def test_registered_model_forecasts_future_dates_without_raybricks(published, tmp_path):
     data, result, _ = published
     last = data.groupby("store").day.max()
@@ -535,6 +536,7 @@ def test_registered_model_forecasts_future_dates_without_raybricks(published, tm
     assert "ended early: last value 20 period(s) before" in reason
 
 
+@pytest.mark.topology
 def test_forecast_command_writes_every_segment_horizon(published, spark, tmp_path):
     data, _, _ = published
     output = str(tmp_path / "forecasts")

@@ -56,6 +56,7 @@ def member_prediction(result, store: str, frame: pd.DataFrame) -> np.ndarray:
     return SegmentModel.from_rows(rows).predict(frame)
 
 
+@pytest.mark.topology
 def test_one_run_holds_params_metrics_tables_plots_and_the_model(shops_publication):
     from mlflow import MlflowClient
 
@@ -115,6 +116,7 @@ sys.meta_path.insert(0, Block())
 """
 
 
+@pytest.mark.topology
 def test_model_loads_and_predicts_where_raybricks_cannot_be_imported(
         shops_publication, shops_result, tmp_path):
     frame = helpers.shops().sample(frac=1.0, random_state=3).iloc[:40]

@@ -53,6 +53,7 @@ def by_store(result) -> pd.DataFrame:
     return result.segments.set_index("store").sort_index()
 
 
+@pytest.mark.topology
 def test_every_segment_ends_in_one_status_with_reasons(shops_result):
     rows = by_store(shops_result)
     assert len(rows) == 11 and rows.index.is_unique
@@ -173,6 +174,7 @@ def test_resume_trains_only_missing_segments(shops_ds, ray_on_spark, spark, tmp_
         uninterrupted.segments[columns].sort_values("store").reset_index(drop=True))
 
 
+@pytest.mark.topology
 def test_few_segments_spread_over_tasks_match_in_process_fit(ray_on_spark, spark, tmp_path):
     data = helpers.shops().query("store == 's4'")
     ds = to_ray_dataset(spark.createDataFrame(data), ["store"])
@@ -185,6 +187,7 @@ def test_few_segments_spread_over_tasks_match_in_process_fit(ray_on_spark, spark
         assert spread[column] == pytest.approx(local[column])
 
 
+@pytest.mark.topology
 def test_large_segment_goes_through_ray_train(ray_on_spark, spark, tmp_path):
     rng = np.random.default_rng(1)
     n = 1500

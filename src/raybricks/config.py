@@ -56,6 +56,7 @@ class ClusterConfig(StrictModel):
     num_cpus: PositiveInt | None = None
     temp_dir: str | None = None
     log_dir: str | None = None
+    dashboard_host: str = "127.0.0.1"
     forward_env: list[str] = Field(default_factory=list)
 
     @after_validator
@@ -75,6 +76,19 @@ class ClusterConfig(StrictModel):
                 "'host:6379')"
             )
         return self
+
+
+class SparkConfig(StrictModel):
+    """The Spark session raybricks starts when none is active (on Databricks the
+    notebook's or job's session is used and these keys are ignored).
+
+    ``master``: e.g. ``spark://host:7077``, ``yarn``, ``local-cluster[2,2,2048]``; empty:
+    ``SPARK_MASTER``, ``PYSPARK_SUBMIT_ARGS``' ``--master``, spark-defaults.conf's
+    ``spark.master``, else ``local[N]``. ``conf``: more Spark settings.
+    """
+
+    master: str | None = None
+    conf: dict[str, str] = Field(default_factory=dict)
 
 
 # --------------------------------------------------------------------------- job config
@@ -393,6 +407,7 @@ class JobConfig(StrictModel):
     global_segment_features: bool = False
     seed: int = 42
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
+    spark: SparkConfig = Field(default_factory=SparkConfig)
     data: DataConfig = Field(default_factory=DataConfig)
     training: TrainingConfig = Field(default_factory=TrainingConfig)
     registry: RegistryConfig = Field(default_factory=RegistryConfig)

@@ -1,16 +1,21 @@
-"""The local Spark stack: Java check, executor environment, and a local SparkSession.
+"""The Spark session: the active one, a given master, or local[N]; Java check and the
+executors' environment.
 
-On Databricks the SparkSession already exists; locally raybricks builds one that is
-ready for Ray on Spark (executors run this interpreter and find the ``ray`` CLI).
+On Databricks the SparkSession already exists; elsewhere raybricks builds one that is
+ready for Ray on Spark (executors run this interpreter and find the ``ray`` CLI), on the
+master the user names (``--master``, ``spark.master``, ``SPARK_MASTER``,
+``PYSPARK_SUBMIT_ARGS``, spark-defaults.conf) or ``local[N]``.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -83,18 +88,101 @@ def active_spark() -> SparkSession | None:
     return SparkSession.getActiveSession()
 
 
+def is_spark_connect(spark: object) -> bool:
+    """True for a Spark Connect session (Databricks standard access mode, serverless
+    compute, ``SPARK_REMOTE``): it has no SparkContext, so Ray on Spark cannot start."""
+    return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
+def require_spark_context(spark: object, what: str) -> None:
+    """Refuse a Spark Connect session for ``what`` with the reason and the way out."""
+    if is_spark_connect(spark):
+        raise SetupError(
+            f"{what} needs a classic Spark session with a SparkContext, and this one is "
+            "Spark Connect (Databricks standard access mode, serverless compute, or "
+            "SPARK_REMOTE): Ray on Spark starts its nodes through the SparkContext. Run on "
+            "a cluster in dedicated (single user) access mode, or unset SPARK_REMOTE"
+        )
+
+
+#: Where Spark reads ``spark.master`` when nothing else names one.
+SPARK_DEFAULTS = "spark-defaults.conf"
+
+
+def submit_args_master(submit_args: str | None) -> str | None:
+    """The ``--master`` of ``PYSPARK_SUBMIT_ARGS`` (``--master X`` or ``--master=X``)."""
+    words = shlex.split(submit_args or "")
+    for i, word in enumerate(words):
+        if word == "--master" and i + 1 < len(words):
+            return words[i + 1]
+        if word.startswith("--master="):
+            return word.split("=", 1)[1]
+    return None
+
+
+def spark_defaults_master(environ: Mapping[str, str] | None = None) -> str | None:
+    """``spark.master`` of spark-defaults.conf (``$SPARK_CONF_DIR`` or ``$SPARK_HOME/conf``)."""
+    environ = os.environ if environ is None else environ
+    folder = environ.get("SPARK_CONF_DIR") or (
+        str(Path(environ["SPARK_HOME"]) / "conf") if environ.get("SPARK_HOME") else None)
+    path = Path(folder) / SPARK_DEFAULTS if folder else None
+    if path is None or not path.is_file():
+        return None
+    for line in path.read_text().splitlines():
+        words = line.split(None, 1)
+        if len(words) == 2 and words[0] == "spark.master":
+            return words[1].strip()
+    return None
+
+
+def requested_master(master: str | None = None,
+                     environ: Mapping[str, str] | None = None) -> str | None:
+    """The Spark master asked for, as pyspark users expect, first found: ``master``
+    (``--master``, ``spark.master`` in the job config), ``SPARK_MASTER``, the
+    ``--master`` of ``PYSPARK_SUBMIT_ARGS``, ``spark.master`` of spark-defaults.conf.
+    None: raybricks' embedded default, ``local[N]``."""
+    environ = os.environ if environ is None else environ
+    return (master or environ.get("SPARK_MASTER")
+            or submit_args_master(environ.get("PYSPARK_SUBMIT_ARGS"))
+            or spark_defaults_master(environ))
+
+
+def is_local_cluster(master: str) -> bool:
+    """Spark's multi-process test topology on one machine: ``local-cluster[N,C,M]``."""
+    return master.startswith("local-cluster")
+
+
+def prepare_local_cluster() -> None:
+    """What ``local-cluster[...]`` needs: SPARK_HOME with Spark's ``bin``, ``jars`` and
+    ``sbin`` (the pyspark package has them) and executors bound to 127.0.0.1."""
+    import pyspark
+
+    home = Path(os.environ.get("SPARK_HOME") or Path(pyspark.__file__).parent)
+    if not (home / "bin" / "spark-class").exists():
+        raise SetupError(
+            f"master local-cluster[...] starts Spark workers with {home}/bin/spark-class, "
+            "which does not exist: set SPARK_HOME to a Spark distribution or to the "
+            "pyspark package's folder (it holds bin/, jars/ and sbin/)")
+    os.environ["SPARK_HOME"] = str(home)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+
+
 def local_spark_session(
     cores: int | None = None,
     driver_memory: str = "4g",
     warehouse_dir: str | None = None,
     app_name: str = "raybricks",
+    master: str | None = None,
+    conf: Mapping[str, str] | None = None,
 ) -> SparkSession:
-    """Return the active SparkSession, or start a local one ready for Ray on Spark.
+    """Return the active SparkSession, or start one ready for Ray on Spark.
 
-    ``cores`` sets the task slots, ``local[N]``. The default is one slot per core plus
+    The master is ``master``, else the one pyspark users name elsewhere
+    (``requested_master``: ``SPARK_MASTER``, ``PYSPARK_SUBMIT_ARGS``, spark-defaults),
+    else ``local[N]`` with ``cores`` slots. The local default is one slot per core plus
     one: Ray on Spark holds a slot for its worker node for as long as Ray runs, and Spark
-    keeps one per core for reading and staging. Tables written with ``saveAsTable`` land
-    in ``warehouse_dir`` (default ``./spark-warehouse``).
+    keeps one per core for reading and staging. ``conf``: more Spark settings. Tables
+    written with ``saveAsTable`` land in ``warehouse_dir`` (default ``./spark-warehouse``).
     """
     existing = active_spark()
     if existing is not None:
@@ -103,8 +191,9 @@ def local_spark_session(
     env = prepare_executor_environment()
     from pyspark.sql import SparkSession
 
+    master = requested_master(master) or f"local[{cores or (os.cpu_count() or 1) + 1}]"
     builder = (
-        SparkSession.builder.master(f"local[{cores or (os.cpu_count() or 1) + 1}]")
+        SparkSession.builder.master(master)
         .appName(app_name)
         .config("spark.driver.memory", driver_memory)
         .config("spark.sql.session.timeZone", "UTC")
@@ -114,8 +203,14 @@ def local_spark_session(
         .config("spark.pyspark.python", env["PYSPARK_PYTHON"])
         .config("spark.executorEnv.PATH", env["PATH"])
     )
+    if is_local_cluster(master):
+        prepare_local_cluster()
+        builder = (builder.config("spark.driver.host", "127.0.0.1")
+                   .config("spark.driver.bindAddress", "127.0.0.1"))
     if warehouse_dir:
         builder = builder.config("spark.sql.warehouse.dir", str(Path(warehouse_dir).resolve()))
+    for key, value in (conf or {}).items():
+        builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     register_local_tables(spark)
