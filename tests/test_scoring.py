@@ -8,6 +8,7 @@ import re
 import subprocess
 import sys
 import warnings
+import zipfile
 from importlib.metadata import version
 from pathlib import Path
 
@@ -42,6 +43,7 @@ def scoring_input() -> pd.DataFrame:
     return frame.drop(columns=["y"]).assign(row_id=np.arange(len(frame)))
 
 
+@pytest.mark.topology
 def test_score_writes_input_columns_prediction_version_and_status(
         spark, champion, shops_result, tmp_path):  # noqa: F811
     uri, publication = champion
@@ -65,6 +67,7 @@ def test_score_writes_input_columns_prediction_version_and_status(
                                    member_prediction(shops_result, store, rows), rtol=1e-9)
 
 
+@pytest.mark.topology
 def test_score_matches_mlflow_spark_udf_on_the_same_model(spark, champion):
     import mlflow
 
@@ -219,3 +222,97 @@ for form in {list(forms)!r}:
     scored = df.withColumn("prediction", udf("store", "x1", "x2", "color", "units"))
     np.testing.assert_allclose(scored.toPandas().prediction.to_numpy(), out["Int64"],
                                rtol=1e-9)
+
+
+def test_the_model_ships_as_one_archive_that_each_python_worker_opens_once(
+        spark, champion, tmp_path):
+    """What the tasks see: one archive of the model's segments only (a file: Spark ships
+    no local directory on any master but local[N]), unpacked once beside the executor's
+    copy, and one store per Python worker however many of its tasks use it."""
+    from pyspark import SparkFiles
+
+    uri, _ = champion
+    local, _ = scoring.fetch_model(uri)
+    segments = local / "artifacts" / "segments"
+    files = sorted(p.relative_to(segments).as_posix() for p in segments.rglob("*")
+                   if p.is_file())
+    name = scoring.ship_segments(spark, segments)
+    assert re.fullmatch(r"raybricks-segments-[0-9a-f]{24}\.zip", name)
+    assert scoring.ship_segments(spark, segments) == name  # again: the same, added once
+    assert [f.removeprefix("file:") for f in spark.sparkContext.listFiles
+            if f.endswith(name)] == [str(scoring.shipping_directory() / name)]  # one path
+    shipped = Path(SparkFiles.get(name)).resolve()
+    with zipfile.ZipFile(shipped) as packed:
+        assert packed.namelist() == files  # not MLmodel, the environment files, ...
+    again = scoring.pack_segments(segments, tmp_path)  # the same model: name and bytes
+    assert again.name == name and again.read_bytes() == shipped.read_bytes()
+
+    def task(batches):
+        import os
+
+        from raybricks import scoring as tasks_scoring  # the workers' module
+
+        for batch in batches:
+            store = tasks_scoring.segment_store(name, 64)
+            directory = store.directory
+            yield pd.DataFrame({
+                "pid": [os.getpid()] * len(batch), "store": [id(store)] * len(batch),
+                "segments": [len(store)] * len(batch),
+                "directory": [str(directory)] * len(batch),
+                "files": [json.dumps(sorted(p.name for p in directory.iterdir()))] * len(batch),
+                "manifest": [(directory / "manifest.json").read_text()] * len(batch),
+                "staging": [len(list(directory.parent.glob(f".{directory.name}-*")))]
+                * len(batch)})
+
+    seen = spark.range(8, numPartitions=8).mapInPandas(
+        task, "pid long, store long, segments long, directory string, files string, "
+              "manifest string, staging long").toPandas()
+    assert len(seen) == 8
+    [directory] = seen.directory.unique()  # unpacked once, beside the shipped archive
+    assert Path(directory) == shipped.with_suffix("") and local not in Path(directory).parents
+    assert json.loads(seen.files.iloc[0]) == files
+    assert set(seen.manifest) == {(segments / "manifest.json").read_text()}
+    assert (seen.staging == 0).all()  # no worker's unpacking left behind
+    from raybricks.segmented_model import SegmentStore
+
+    assert (seen.segments == len(SegmentStore(segments))).all()
+    per_worker = seen.groupby("pid").store.nunique()
+    assert (per_worker == 1).all()  # one store per Python worker ...
+    assert seen.pid.nunique() < len(seen)  # ... that served several tasks
+
+
+def unpack_together(barrier, archive: Path, results) -> None:
+    """One racing Python worker: waits for the others, then unpacks."""
+    barrier.wait()
+    first_look = (archive.parent / archive.stem).is_dir()
+    results.put((first_look, str(scoring.unpacked(archive))))
+
+
+def test_python_workers_racing_to_unpack_the_model_get_one_whole_copy(tmp_path):
+    import multiprocessing
+
+    segments = tmp_path / "segments"
+    segments.mkdir()
+    rng = np.random.default_rng(0)
+    for i in range(8):  # 16 MiB: unpacking takes long enough for the workers to meet
+        (segments / f"models-{i:05d}.parquet").write_bytes(rng.bytes(2 * 2**20))
+    archive = scoring.pack_segments(segments, tmp_path)
+    context = multiprocessing.get_context("fork")  # the workers start as Spark's do
+    barrier, results = context.Barrier(4), context.Queue()
+    workers = [context.Process(target=unpack_together, args=(barrier, archive, results))
+               for _ in range(4)]
+    for worker in workers:
+        worker.start()
+    found = [results.get(timeout=60) for _ in workers]
+    for worker in workers:
+        worker.join(timeout=60)
+        assert worker.exitcode == 0
+    assert sum(not looked for looked, _ in found) >= 2  # they did race
+    [directory] = {Path(d) for _, d in found}
+    assert directory == tmp_path / archive.stem
+    assert sorted(p.name for p in directory.iterdir()) == sorted(
+        p.name for p in segments.iterdir())
+    for part in segments.iterdir():
+        assert (directory / part.name).read_bytes() == part.read_bytes()
+    assert not list(tmp_path.glob(f".{archive.stem}-*"))  # the losers' copies are gone
+    assert scoring.unpacked(archive) == directory  # later: found, not unpacked again

@@ -2,8 +2,10 @@
 
 Spark lays the input out by segment (hash partitioning, then sorted within each
 partition), so each Python worker meets a segment in one run of consecutive batches and
-loads its model once, from the model directory shipped to the executors with
-``SparkContext.addFile``; no task loads every segment's model. Output: the input columns,
+loads its model once; no task loads every segment's model. The model's segments travel to
+the executors as one archive (``SparkContext.addFile``; on Spark Connect
+``addArtifacts``), which each executor unpacks once and each Python worker opens once:
+on any master, as on local[N]. Output: the input columns,
 ``prediction`` (or one ``probability_<class>`` column per class), ``model_version`` and
 ``segment_status`` (the segment's status in the model: trained, skipped, failed, unknown;
 rows of the last three are scored by the global fallback model, if any, else null).
@@ -13,14 +15,18 @@ once, on the driver; the tasks, which load members of many segments, stay quiet 
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import hashlib
 import json
 import logging
 import os
 import re
+import shutil
 import tempfile
 import time
 import warnings
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -33,11 +39,12 @@ from raybricks.segmented_model import (
     CLASSIFICATION,
     MANIFEST,
     NO_INTERVALS,
+    SegmentStore,
     library_version_problem,
     missing_columns,
     prediction_type,
 )
-from raybricks.session import save_table
+from raybricks.session import is_spark_connect, save_table
 from raybricks.sources import read_source, source_of
 
 if TYPE_CHECKING:
@@ -49,7 +56,13 @@ log = logging.getLogger(__name__)
 SUPPORTED_FORMAT = 1
 #: The start of scikit-learn's InconsistentVersionWarning, raised per unpickled estimator.
 SKLEARN_VERSION_WARNING = "Trying to unpickle estimator"
-_STORES: dict[str, object] = {}  # per Python worker: model directory -> SegmentStore
+#: The archive of a model's segments that scoring ships; ``{}``: a digest of its files.
+ARCHIVE = "raybricks-segments-{}.zip"
+#: Per Python worker: (archive name, cache size) -> the store of its segments. Reached
+#: through ``segment_store``, a module function, so tasks share it: a function pickled by
+#: value (as a task's closure is) would carry its own copy.
+_STORES: dict[tuple[str, int], SegmentStore] = {}
+_SHIPPING: Path | None = None  # this process' packed models (``shipping_directory``)
 
 
 @dataclass
@@ -138,26 +151,113 @@ def output_fields(manifest: dict, probabilities: bool, intervals: bool = False
     return added + [("model_version", "string"), ("segment_status", "string")]
 
 
-def score_partitions(model_name: str, version: str | None, probabilities: bool,
+def pack_segments(segments: Path, directory: Path) -> Path:
+    """One zip archive in ``directory`` of the files of ``segments`` (a model's
+    ``artifacts/segments``, all the tasks read), stored uncompressed (Parquet already is)
+    and named by a digest of their names and contents: the same model packs to the same
+    name and the same bytes (packed once per ``directory``), as Spark requires of a file
+    added again under its name."""
+    files = sorted(p for p in segments.rglob("*") if p.is_file())
+    digest = hashlib.sha256()
+    for file in files:
+        digest.update(file.relative_to(segments).as_posix().encode() + b"\0")
+        with file.open("rb") as source:
+            while chunk := source.read(1 << 20):
+                digest.update(chunk)
+    archive = directory / ARCHIVE.format(digest.hexdigest()[:24])
+    if archive.exists():
+        return archive
+    handle, staging = tempfile.mkstemp(suffix=".zip.tmp", dir=directory)
+    with os.fdopen(handle, "wb") as raw, zipfile.ZipFile(raw, "w", zipfile.ZIP_STORED) as packed:
+        for file in files:
+            entry = zipfile.ZipInfo(file.relative_to(segments).as_posix(),
+                                    date_time=(1980, 1, 1, 0, 0, 0))
+            entry.external_attr = 0o644 << 16
+            with file.open("rb") as source, packed.open(entry, "w", force_zip64=True) as sink:
+                shutil.copyfileobj(source, sink, 1 << 20)
+    return Path(staging).rename(archive)
+
+
+def shipping_directory() -> Path:
+    """This process' folder of packed models, removed when it exits: one path per archive
+    name for the life of the process, as Spark's file server requires of a name."""
+    global _SHIPPING
+    if _SHIPPING is None:
+        _SHIPPING = Path(tempfile.mkdtemp(prefix="raybricks-ship-"))
+        atexit.register(shutil.rmtree, _SHIPPING, True)
+    return _SHIPPING
+
+
+def ship_segments(spark: SparkSession, segments: Path) -> str:
+    """Pack a model's segments into one archive and add it to the files every executor
+    fetches: ``SparkContext.addFile`` (a file: Spark refuses local directories on any
+    master but local[N]), on Spark Connect ``addArtifacts``. Returns the archive's name,
+    for ``segment_store`` in the tasks."""
+    archive = pack_segments(segments, shipping_directory())
+    if is_spark_connect(spark):
+        spark.addArtifacts(str(archive), file=True)  # the same bytes again: a no-op
+    elif not any(Path(added).name == archive.name for added in spark.sparkContext.listFiles):
+        spark.sparkContext.addFile(str(archive))
+    return archive.name
+
+
+def unpacked(archive: Path) -> Path:
+    """The directory of a shipped archive's files, beside it (in the temp dir when that
+    is read-only), unpacked once per executor: Python workers that race each unpack
+    into a directory of their own and rename it into place; the first rename wins."""
+    for parent in (archive.parent, Path(tempfile.gettempdir())):
+        target = parent / archive.stem
+        if target.is_dir():
+            return target
+        try:
+            staging = Path(tempfile.mkdtemp(prefix=f".{archive.stem}-", dir=parent))
+        except OSError:  # not writable: the next place
+            continue
+        try:
+            with zipfile.ZipFile(archive) as packed:
+                packed.extractall(staging)
+            try:
+                staging.rename(target)
+            except OSError:
+                if not target.is_dir():  # not a worker that was faster: a real failure
+                    raise
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        return target
+    raise RaybricksError(f"cannot unpack the model archive {archive}: neither its folder "
+                         f"nor {tempfile.gettempdir()} is writable")
+
+
+def segment_store(archive: str, cache_segments: int) -> SegmentStore:
+    """In a task: this Python worker's store of the model shipped as ``archive`` (its
+    name, as ``ship_segments`` returned it), opened on the worker's first batch."""
+    store = _STORES.get((archive, cache_segments))
+    if store is None:
+        from pyspark import SparkFiles
+
+        shipped = Path(SparkFiles.get(archive)).resolve()
+        if not shipped.is_file():
+            raise RaybricksError(f"the model archive {archive} is not among this executor's "
+                                 f"added files (SparkFiles: {shipped.parent})")
+        directory = unpacked(shipped)
+        store = _STORES[(archive, cache_segments)] = SegmentStore(directory, cache_segments)
+    return store
+
+
+def score_partitions(archive: str, version: str | None, probabilities: bool,
                      cache_segments: int, quiet_versions: bool = False,
                      intervals: bool = False):
-    """The mapInPandas function: predicts each batch with the worker's cached store.
+    """The mapInPandas function: predicts each batch with the worker's store of the
+    shipped model (``archive``: its name, from ``ship_segments``).
     ``quiet_versions``: the driver reported the library versions, so the libraries'
     own version warnings, per loaded model, are silenced in the tasks."""
 
     def predict(batches):
-        from pyspark import SparkFiles
-
-        from raybricks.segmented_model import SegmentStore
-
-        directory = str(Path(SparkFiles.get(model_name)) / "artifacts" / "segments")
         for batch in batches:
             with warnings.catch_warnings():  # members load lazily: in both calls
                 if quiet_versions:
                     warnings.filterwarnings("ignore", message=SKLEARN_VERSION_WARNING)
-                store = _STORES.get(directory)
-                if store is None:
-                    store = _STORES[directory] = SegmentStore(directory, cache_segments)
+                store = segment_store(archive, cache_segments)
                 result = store.predict(batch, probabilities, intervals)
             if intervals:
                 for column in result.values.columns:
@@ -230,19 +330,21 @@ def _score(model_uri: str, local: Path, manifest: dict, df: DataFrame, output: s
     if problem:
         raise DataError(problem)
     version = model_version_of(model_uri)
-    spark.sparkContext.addFile(str(local), recursive=True)
+    connect = is_spark_connect(spark)  # no SparkContext: no RDDs, no status tracker
+    archive = ship_segments(spark, local / "artifacts" / "segments")
     added = output_fields(manifest, probabilities, intervals)
     schema = ", ".join([f"`{f.name}` {f.dataType.simpleString()}" for f in df.schema.fields]
                        + [f"`{name}` {kind}" for name, kind in added])
-    partitions = partitions or max(df.rdd.getNumPartitions(),
-                                   spark.sparkContext.defaultParallelism)
+    if partitions is None and not connect:  # Connect: Spark's shuffle partitions
+        partitions = max(df.rdd.getNumPartitions(), spark.sparkContext.defaultParallelism)
     scored = lay_out_by_segment(df, segment_by, partitions).mapInPandas(
-        score_partitions(local.name, version, probabilities, cache_segments,
+        score_partitions(archive, version, probabilities, cache_segments,
                          quiet_versions=versions is not None, intervals=intervals), schema)
     if output is None:
         return scored
-    with console.stage("scoring", says=f"scoring: predictions into {output}"), \
-            console.spark_progress(spark, rows, "scoring"):
+    progress = (contextlib.nullcontext() if connect
+                else console.spark_progress(spark, rows, "scoring"))
+    with console.stage("scoring", says=f"scoring: predictions into {output}"), progress:
         write_output(scored, output)
     from pyspark.sql import functions as F
 

@@ -1,0 +1,49 @@
+"""The Spark Connect client of tests/test_connect.py, in a process of its own:
+
+    python tests/connect_client.py sc://HOST:PORT WORKDIR MODEL_URI FORECAST_URI
+
+Connects, then trains (refused), validates, scores and forecasts with raybricks' Python
+API; writes the outputs into WORKDIR and prints what it found as one JSON line.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+
+def main(url: str, work: Path, model: str, forecasts: str) -> dict:
+    import pandas as pd
+    import ray
+    from pyspark.sql import SparkSession
+    from pyspark.sql.utils import is_remote
+
+    import raybricks
+    from raybricks.config import JobConfig
+
+    spark = SparkSession.builder.remote(url).getOrCreate()
+    found: dict = {"session": type(spark).__module__, "remote": is_remote()}
+    try:  # its source does not exist: reading it would fail otherwise
+        raybricks.train(JobConfig.load(work / "missing.yml"))
+        found["train"] = "trained"
+    except raybricks.SetupError as exc:
+        found["train"] = str(exc)
+    found["ray"] = ray.is_initialized()
+    found["validate"] = raybricks.validate(JobConfig.load(work / "job.yml")).source_columns
+    frame = pd.read_parquet(work / "input.parquet")
+    lazy = raybricks.score(model, spark.createDataFrame(frame))  # a Connect DataFrame
+    scored = lazy.toPandas()
+    scored.attrs.clear()  # Connect's query metrics, which Parquet metadata cannot hold
+    scored.to_parquet(work / "lazy.parquet")
+    summary = raybricks.score(model, str(work / "input.parquet"), str(work / "scored.parquet"))
+    found["summary"] = {"rows": summary.rows, "counts": summary.status_counts,
+                        "nulls": summary.null_predictions}
+    raybricks.forecast(forecasts, str(work / "forecast.parquet"), intervals=True)
+    spark.stop()
+    return found
+
+
+if __name__ == "__main__":
+    url, work, model, forecasts = sys.argv[1:]
+    print(json.dumps(main(url, Path(work), model, forecasts)))
