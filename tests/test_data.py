@@ -106,8 +106,18 @@ def test_table_name_source_and_staging_is_removed(ray_on_spark, sales, spark, tm
     )
     assert segmented.num_rows == sales.count()
     assert segmented.count_segments() == 4
-    assert os.listdir(staging) == []  # blocks live in Ray; the Parquet files are gone
+    # the Parquet files stay while training may need them (Ray rebuilds a lost node's
+    # blocks from them), then go
+    (kept,) = os.listdir(staging)
+    assert any(name.endswith(".parquet") for name in os.listdir(staging / kept))
     assert sum(b.num_rows for b in blocks_of(segmented)) == segmented.num_rows
+    segmented.release()
+    assert os.listdir(staging) == []
+    again = to_ray_dataset("sales_for_data_test", ["store"], strategy="parquet",
+                           staging_dir=str(staging))
+    assert len(os.listdir(staging)) == 1
+    del again  # dropped without release: removed all the same
+    assert os.listdir(staging) == []
 
 
 def test_auto_picks_arrow_for_small_and_parquet_for_large(ray_on_spark, sales):

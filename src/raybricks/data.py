@@ -26,7 +26,9 @@ Strategies (``strategy=``):
 ``parquet``
     Spark writes the clustered table as Parquet under a unique staging directory (a Unity
     Catalog volume path on Databricks, a temporary directory locally), Ray tasks read one
-    file each, and the directory is removed once the blocks are in Ray's object store.
+    file each, and the directory stays until training is over (``SegmentedDataset.release``,
+    or when the dataset is dropped): a Ray worker node lost mid-training takes its blocks
+    with it, and Ray rebuilds them by reading those files again.
 ``arrow``
     Small tables only: the table collected as Arrow on the driver, cut into blocks there.
     Refused above ``arrow_max_rows`` so no large table is collected on the driver.
@@ -45,13 +47,13 @@ segment of their own (per distinct combination of the key columns).
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 import os
 import shutil
 import tempfile
 import uuid
+import weakref
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, NamedTuple
@@ -112,6 +114,18 @@ class SegmentedDataset:
     schema: pa.Schema
     segments: list[BlockSegments]
     _dataset: ray.data.Dataset | None = field(default=None, repr=False)
+    #: The Parquet files the blocks were read from (strategy parquet), kept until
+    #: ``release``: Ray rebuilds the blocks a lost worker node held by reading them again.
+    staging: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.staging is not None:  # also when the dataset is dropped without release
+            self._remove_staging = weakref.finalize(self, remove_staging, self.staging)
+
+    def release(self) -> None:
+        """Remove the staged Parquet files (training is over: no block is needed again)."""
+        if self.staging is not None:
+            self._remove_staging()
 
     @property
     def num_blocks(self) -> int:
@@ -187,15 +201,17 @@ def count_segments(df: DataFrame, segment_by: Sequence[str]) -> int:
 
 
 def lay_out_by_segment(
-    df: DataFrame, segment_by: Sequence[str], num_partitions: int
+    df: DataFrame, segment_by: Sequence[str], num_partitions: int | None
 ) -> DataFrame:
-    """Hash-partition by the segment key and sort within partitions.
+    """Hash-partition by the segment key (into ``num_partitions``; None: Spark's
+    shuffle partitions, which adaptive execution may coalesce) and sort within partitions.
 
     Every key lands in exactly one partition and each segment becomes a contiguous run
     of rows (what scoring's ``mapInPandas`` needs). Staging for Ray skips the Spark sort:
     its readers sort with Arrow.
     """
-    return df.repartition(num_partitions, *segment_by).sortWithinPartitions(*segment_by)
+    by = [num_partitions, *segment_by] if num_partitions else list(segment_by)
+    return df.repartition(*by).sortWithinPartitions(*segment_by)
 
 
 def sort_by_segment(table: pa.Table, segment_by: Sequence[str]) -> pa.Table:
@@ -484,25 +500,26 @@ def default_staging_root() -> str:
     return tempfile.gettempdir()
 
 
-@contextlib.contextmanager
-def staging_directory(root: str | None) -> Iterator[str]:
-    """A unique directory under ``root`` (one per call: concurrent jobs never collide),
-    removed afterwards whatever happens."""
-    root = root or default_staging_root()
-    path = os.path.join(root, f"{STAGING_PREFIX}{uuid.uuid4().hex}")
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path.removeprefix("file:").removeprefix("dbfs:"), ignore_errors=True)
+def remove_staging(path: str) -> None:
+    """Remove a staging directory and what is in it, if it is still there."""
+    shutil.rmtree(path.removeprefix("file:").removeprefix("dbfs:"), ignore_errors=True)
 
 
 def _blocks_via_parquet(df, segment_by, max_block_rows, staging_dir):
-    with staging_directory(staging_dir) as path:
+    """Stage as Parquet in a directory of its own under ``staging_dir`` (concurrent jobs
+    never collide) and read it into blocks. The files stay for the dataset's life (it
+    removes them on ``release``): removed on any failure here."""
+    root = staging_dir or default_staging_root()
+    path = os.path.join(root, f"{STAGING_PREFIX}{uuid.uuid4().hex}")
+    try:
         files = stage_as_parquet(df, path)
         refs, schema, segments, _ = _gather_blocks(
             _read_parquet_blocks, files, segment_by, max_block_rows
         )
-        return refs, schema, segments
+    except BaseException:
+        remove_staging(path)
+        raise
+    return refs, schema, segments, path
 
 
 def _blocks_via_chunks(df, segment_by, max_block_rows, chunk_bytes: int, readers: int):
@@ -724,6 +741,7 @@ def to_ray_dataset(
     if min_blocks is None:
         min_blocks = BLOCKS_PER_CPU * ray_cpus
     blocks = max(math.ceil(num_rows / max_block_rows), min_blocks)
+    staging = None
     # blocks no larger than their share of the table, so every Ray CPU gets work
     max_block_rows = min(max_block_rows, math.ceil(num_rows / blocks))
     if chosen == "arrow":
@@ -736,7 +754,7 @@ def to_ray_dataset(
         clustered = df.repartition(partitions, *segment_by)
         log.info("moving %d rows to Ray via %s in %d partitions", num_rows, chosen, partitions)
         if chosen == "parquet":
-            refs, schema, segments = _blocks_via_parquet(
+            refs, schema, segments, staging = _blocks_via_parquet(
                 clustered, segment_by, max_block_rows, staging_dir
             )
         else:  # chunks: Spark sorts, so a segment can only straddle a chunk's ends
@@ -744,7 +762,8 @@ def to_ray_dataset(
                 clustered.sortWithinPartitions(*segment_by), segment_by, max_block_rows,
                 chunk_bytes, partitions,
             )
-    return SegmentedDataset(refs, segment_by, chosen, num_rows, schema, segments)
+    return SegmentedDataset(refs, segment_by, chosen, num_rows, schema, segments,
+                            staging=staging)
 
 
 def no_rows(where: str | None) -> DataError:

@@ -24,6 +24,7 @@ from raybricks.console import stage
 from raybricks.data import count_segments, no_rows, select_and_filter, to_ray_dataset
 from raybricks.errors import ConfigError, DataError, RaybricksError, SourceNotFound
 from raybricks.results import release_memory
+from raybricks.session import require_spark_context
 from raybricks.sources import read_source
 from raybricks.training import TrainingResult, train_segments
 from raybricks.training.engine import with_run_id
@@ -149,12 +150,13 @@ def validate(config: JobConfig, spark: SparkSession | None = None, *, source: bo
              ) -> Validation:
     """Every check ``train`` makes before Ray starts, without starting Ray: the kinds,
     the registry name and (``source``) the source's columns, types and target where the
-    source can be read from here. Raises ConfigError or DataError for what is wrong; a
-    source that cannot be found is reported in the result, not raised."""
+    source can be read from here (also over Spark Connect, where ``train`` cannot run).
+    Raises ConfigError or DataError for what is wrong; a source that cannot be found is
+    reported in the result, not raised."""
     check_job(config)
     if not source:
         return Validation(config, None, "not asked to (--no-source)")
-    spark = spark or spark_session()
+    spark = spark or spark_session(config.spark)
     try:
         found = read_source(config.source, spark)
     except SourceNotFound as exc:
@@ -211,7 +213,8 @@ def train(
     with console.quiet(not config.training.progress), console.logging_to(log_file):
         with stage("checks", timings, "checks: config, estimators, registry name, source"):
             check_job(config, register=register)
-            spark = spark or spark_session()
+            spark = spark or spark_session(config.spark)
+            require_spark_context(spark, "training")  # before it reads or starts Ray
             df, num_rows = checked_source(config, read_source(config.source, spark))
         # the source's distinct segments, counted by Spark while Ray converts and trains
         counting = ThreadPoolExecutor(1, thread_name_prefix="raybricks-accounting")
@@ -224,8 +227,11 @@ def train(
                     strategy=config.data.strategy, max_block_rows=config.data.max_block_rows,
                     staging_dir=config.data.staging_dir, num_rows=num_rows,
                 )
-            with stage("training", timings, f"training (run {config.training.run_id})"):
-                result = train_segments(segmented, config)
+            try:
+                with stage("training", timings, f"training (run {config.training.run_id})"):
+                    result = train_segments(segmented, config)
+            finally:  # the staged files, kept for rebuilding lost blocks, are not needed
+                segmented.release()
             del segmented  # its index of every segment: the results are on disk now
         release_memory()
         with stage("accounting", timings, "accounting: one result per source segment"):

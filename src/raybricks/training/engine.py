@@ -14,10 +14,14 @@ Ray Train (see ``raybricks.training.large``).
 
 Faults: a task whose worker dies is retried by Ray (``training.max_retries``); a run
 whose task is lost beyond that is retrained one segment per task, so only a segment that
-keeps killing its worker ends ``failed``. With ``training.segment_timeout_s``, a watchdog
-thread in each task stops the worker when one segment's fit runs past the limit, after
-noting that segment on a small actor: the retried task skips it and the segment ends
-``failed`` ("timed out ..."), whatever the fit was stuck in (Python or native code).
+keeps killing its worker ends ``failed``. A task lost because its block is gone (the Ray
+node that held it went away with its Spark executor, and Ray could not rebuild it) fails
+no segment: the others train, then ``DataLostError`` says how to resume the run, which
+reads the source again and trains only the segments without a result.
+With ``training.segment_timeout_s``, a watchdog thread in each task stops the worker
+when one segment's fit runs past the limit, after noting that segment on a small actor:
+the retried task skips it and the segment ends ``failed`` ("timed out ..."), whatever the
+fit was stuck in (Python or native code).
 """
 
 from __future__ import annotations
@@ -44,7 +48,7 @@ from raybricks import console, kinds
 from raybricks.compat import thread_limiter
 from raybricks.config import JobConfig
 from raybricks.data import BlockSegments, SegmentedDataset, segment_bounds
-from raybricks.errors import ConfigError
+from raybricks.errors import ClusterError, ConfigError
 from raybricks.results import (
     FAILED,
     TRAINED,
@@ -67,6 +71,15 @@ from raybricks.training.segment import Plan
 log = logging.getLogger(__name__)
 
 FALLBACK_ROWS = 1_000_000
+
+
+class DataLostError(ClusterError):
+    """Blocks of the job's data were lost with a Ray node: the run is kept, and resuming
+    it (``training.resume``) trains the segments that have no result yet."""
+
+    def __init__(self, message: str, run_id: str) -> None:
+        super().__init__(message)
+        self.run_id = run_id
 
 
 # --------------------------------------------------------------------------- results
@@ -408,25 +421,34 @@ def train_segments(
         sum(len(b) for b in bounds), n_large, done, len(refs),
     )
     # with a time limit per segment, segments train in packed tasks, which enforce it
+    lost: list[tuple] = []
     if (0 < n_todo < cpus and not done and config.training.segment_timeout_s is None
             and not plan.forecast):
-        _run_spread(refs, [b.key_tuples(t) for b, t in zip(bounds, todo, strict=True)], plan,
-                    config, run_dir)
+        lost = _run_spread(refs, [b.key_tuples(t) for b, t in zip(bounds, todo, strict=True)],
+                           plan, config, run_dir)
     elif n_todo:
         slots = max(cpus // plan.threads, 1)
         chunks = make_chunks(todo, bounds, slots)
-        _run_packed(refs, bounds, chunks, slots, plan, config, run_dir, n_todo, progress)
+        lost = _run_packed(refs, bounds, chunks, slots, plan, config, run_dir, n_todo,
+                           progress)
+    if lost:
+        raise data_lost(run_id, run_dir, len(lost), sum(len(b) for b in bounds))
     if n_large:
         from raybricks.training.large import train_large_segments
 
         train_large_segments(refs, [b.key_tuples(x) for b, x in zip(bounds, large, strict=True)],
                              plan, config, run_dir)
-    if forecast_fallback is None:
-        fallback = _run_fallback(refs, global_plan, config, segmented.num_rows, run_dir)
-    else:
-        fallback = _keep_fallback(run_dir, *forecast_fallback)
-    example = input_example(refs, bounds, first_trained(run_dir, plan.segment_by), plan,
-                            segmented.schema)
+    try:
+        if forecast_fallback is None:
+            fallback = _run_fallback(refs, global_plan, config, segmented.num_rows, run_dir)
+        else:
+            fallback = _keep_fallback(run_dir, *forecast_fallback)
+        example = input_example(refs, bounds, first_trained(run_dir, plan.segment_by), plan,
+                                segmented.schema)
+    except ray.exceptions.RayError:
+        if not any(blocks_lost(refs)):
+            raise
+        raise data_lost(run_id, run_dir, 0, sum(len(b) for b in bounds)) from None
     result = TrainingResult(run_id, run_dir, plan.segment_by, plan.metric, fallback,
                             time.perf_counter() - start, task=plan.task,
                             features=plan.features, example=example,
@@ -494,11 +516,12 @@ def _remote(fn, **options):
 
 
 def _run_packed(refs, bounds: list[BlockSegments], chunks: list[Chunk], slots: int, plan,
-                config, run_dir, n_todo, progress) -> None:
+                config, run_dir, n_todo, progress) -> list[tuple]:
     """One task per chunk of segments, at most ``slots`` at a time (one per CPU slot: the
     next chunk is submitted when a CPU frees, so it goes to that CPU); results written as
-    they arrive. A chunk lost beyond its retries is retrained one segment per task; with a
-    time limit, segments that ran past it end ``failed``."""
+    they arrive. A chunk lost beyond its retries is retrained one segment per task, unless
+    its block was lost; with a time limit, segments that ran past it end ``failed``.
+    Returns the keys whose block was lost (they have no result)."""
     import ray
 
     options = {
@@ -526,6 +549,8 @@ def _run_packed(refs, bounds: list[BlockSegments], chunks: list[Chunk], slots: i
 
     attempt = uuid.uuid4().hex[:8]
     show = config.training.progress if progress is None else progress
+    lost: list[tuple] = []
+    lost_blocks: set[int] = set()
     with console.progress_bar(n_todo, "training", "segment", show) as bar:
         parts = 0
         submit_next()
@@ -539,6 +564,12 @@ def _run_packed(refs, bounds: list[BlockSegments], chunks: list[Chunk], slots: i
                 timed_out = watch.timed_out() if watch else set()
                 keys = [k for k in (only if only is not None else chunk.keys(bounds))
                         if k not in timed_out]
+                if chunk.block in lost_blocks or block_lost(refs[chunk.block]):
+                    lost_blocks.add(chunk.block)  # not the segments' fault: left for resume
+                    log.warning("task lost with its data (%s): %d segments left for resume",
+                                type(exc).__name__, len(keys))
+                    lost.extend(keys)
+                    continue
                 if len(keys) > 1:  # isolate the culprit: one segment per task
                     log.warning("task lost (%s): retraining its %d segments one per task",
                                 type(exc).__name__, len(keys))
@@ -552,6 +583,46 @@ def _run_packed(refs, bounds: list[BlockSegments], chunks: list[Chunk], slots: i
     if watch is not None:
         _write_timed_out(watch, limit, plan, run_dir, attempt)
         ray.kill(watch.board)
+    return lost
+
+
+def _block_rows(block: pa.Table) -> int:
+    """Ray task body: a block's rows (it fails when the block cannot be had)."""
+    return block.num_rows
+
+
+def blocks_lost(refs: list) -> list[bool]:
+    """Per data block, whether it can no longer be read: the Ray node that held it went
+    away and Ray could not rebuild it (its source, e.g. the staged files, is gone).
+    Checked by a task next to each block, so nothing moves to the driver."""
+    import ray
+
+    probes = [_remote(_block_rows, num_cpus=0).remote(ref) for ref in refs]
+    lost = []
+    for probe in probes:
+        try:
+            ray.get(probe)
+            lost.append(False)
+        except ray.exceptions.RayError:
+            lost.append(True)
+    return lost
+
+
+def block_lost(ref: Any) -> bool:
+    """True when a data block can no longer be read (see ``blocks_lost``)."""
+    return blocks_lost([ref])[0]
+
+
+def data_lost(run_id: str, run_dir: Path, missing: int, total: int) -> DataLostError:
+    """The error of a run whose data was lost with a Ray node: what is kept, how to go on."""
+    what = (f"{missing} of {total} segments were not trained: their data" if missing else
+            f"all {total} segments have a result, but data needed to finish the run")
+    return DataLostError(
+        f"{what} was lost with a Ray worker node (its Spark executor or machine went away) "
+        f"and Ray could not rebuild it. Nothing was registered; the results so far are kept "
+        f"in {run_dir}. Resume the run to read the source again and train only what is "
+        f"missing: rerun with --set training.resume=true --set training.run_id={run_id}",
+        run_id)
 
 
 def _lost_block(keys: Iterable[tuple], plan: Plan, exc: Exception) -> pa.Table:
@@ -582,16 +653,17 @@ def _write_timed_out(watch: Watch, limit: float, plan: Plan, run_dir: Path, atte
         run_dir, f"part-timeout-{attempt}")
 
 
-def _run_spread(refs, todo, plan: Plan, config: JobConfig, run_dir: Path) -> None:
+def _run_spread(refs, todo, plan: Plan, config: JobConfig, run_dir: Path) -> list[tuple]:
     """Few segments: every (candidate, setting) of every segment is its own task, over
-    the segment's prepared data put in the object store once."""
+    the segment's prepared data put in the object store once. Returns the keys whose
+    block was lost (they have no result)."""
     import ray
 
     retries = config.training.max_retries
     prepare = _remote(_prepare_slice, max_retries=retries)
     evaluate = _remote(_evaluate_setting, num_cpus=plan.threads, max_retries=retries)
     finish = _remote(_finish_segment, num_cpus=plan.threads, max_retries=retries)
-    outputs = {}
+    outputs, blocks = {}, {}
     for block_ref, keys in zip(refs, todo, strict=True):
         for key in keys:
             prep_ref = prepare.remote(block_ref, plan, key)
@@ -603,16 +675,21 @@ def _run_spread(refs, todo, plan: Plan, config: JobConfig, run_dir: Path) -> Non
                 for c in plan.candidates
             }
             outputs[key] = finish.remote(prep_ref, plan, key, trials)
-    results, members = [], []
+            blocks[key] = block_ref
+    results, members, lost = [], [], []
     for key, ref in outputs.items():
         try:
             row, rows = ray.get(ref)
         except ray.exceptions.RayError as exc:  # lost beyond retries: only this segment
+            if block_lost(blocks[key]):
+                lost.append(key)
+                continue
             row, rows = _lost_block([key], plan, exc).to_pylist()[0], []
         results.append(row)
         members.extend(keyed_members(plan, key, rows))
     Outcome.of(seg.results_table(results, plan), seg.members_table(members, plan)).write(
         run_dir, f"part-spread-{uuid.uuid4().hex[:8]}")
+    return lost
 
 
 def segment_rows(block: pa.Table, plan: Plan, key: tuple) -> pd.DataFrame:
