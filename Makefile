@@ -14,9 +14,11 @@ RUNTIMES := dbr-15.4 dbr-16.4 dbr-17.3
 
 setup: $(STAMP)
 
+# --compile-bytecode: the .pyc files are written here, once (as pip does); else each process
+# (each Ray worker) compiles what it imports, every time where PYTHONDONTWRITEBYTECODE is set
 $(STAMP): pyproject.toml uv.lock | $(UV)
 	@scripts/check-java
-	$(UV) sync --frozen --all-extras --python $(PYTHON)
+	$(UV) sync --frozen --all-extras --compile-bytecode --python $(PYTHON)
 	@touch $@
 
 .tools/bin/uv:

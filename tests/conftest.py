@@ -23,10 +23,10 @@ MASTER = os.environ.get("RAYBRICKS_TEST_MASTER") or None
 
 
 def pytest_collection_modifyitems(config, items):
-    """On another master, only the tests marked ``topology`` run."""
-    if MASTER is None:
-        return
-    chosen = [item for item in items if "topology" in item.keywords]
+    """On another master, only the tests marked ``topology`` run; in local mode, all but
+    those marked ``cluster_only``."""
+    wanted = "cluster_only" if MASTER is None else "topology"
+    chosen = [item for item in items if (wanted in item.keywords) == (MASTER is not None)]
     config.hook.pytest_deselected(items=[item for item in items if item not in chosen])
     items[:] = chosen
 

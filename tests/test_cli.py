@@ -8,8 +8,10 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pandas as pd
+import pytest
 
 from raybricks import cli
 from tests import faults, helpers
@@ -218,6 +220,44 @@ def test_an_unexpected_failure_is_one_paragraph_and_the_log_has_the_traceback(
     assert "the traceback is above" in err and "Traceback" in err
 
 
+INTERRUPTED_MID_CALL = """
+import sys
+from pathlib import Path
+
+from raybricks import cli
+
+
+def interrupted_mid_call(args):
+    args.resume = "raybricks train --config job.yml --set training.resume=true"
+    with cli.logged(args, Path(sys.argv[1])):
+        try:
+            raise KeyboardInterrupt("signal 15")
+        finally:
+            raise ConnectionError("Answer from Java side is empty")
+
+
+help_text, add_arguments, _ = cli.VERBS["validate"]
+cli.VERBS["validate"] = (help_text, add_arguments, interrupted_mid_call)
+sys.exit(cli.main(["validate", "--config", "unused.yml"]))
+"""
+
+
+def test_a_clean_up_that_fails_after_an_interrupt_still_ends_as_interrupted(tmp_path):
+    """Ctrl-C or SIGTERM during a Spark call leaves py4j's connection broken, so the next
+    call, in a ``finally`` (``stage_as_parquet`` resetting a conf), fails: the run still
+    ends as interrupted (130, how to resume), not as an environment failure. (In a
+    process of its own: an interrupted verb stops the active Spark session.)"""
+    log_file = tmp_path / "verb.log"
+    run = subprocess.run([sys.executable, "-c", INTERRUPTED_MID_CALL, str(log_file)],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == cli.INTERRUPTED, run.stderr[-3000:]
+    assert run.stderr == ("raybricks validate: interrupted. Ray and Spark were shut down.\n"
+                          "To continue where it stopped: raybricks train --config job.yml "
+                          "--set training.resume=true\n")
+    assert "Traceback" not in run.stdout and "Answer from Java" not in run.stdout
+    assert "Answer from Java side is empty" in log_file.read_text()
+
+
 def test_the_python_api_shows_its_stages_and_keeps_library_logs_in_the_run_log(
         ray_on_spark, tmp_path, capsys):
     import raybricks
@@ -240,3 +280,143 @@ def test_the_python_api_shows_its_stages_and_keeps_library_logs_in_the_run_log(
                      logged, re.M), logged
     assert "mlflow." not in shown.out + shown.err
     assert "INFO raybricks.training.engine: training 11 segments" in logged
+
+
+USER_ERROR_JOB = """
+source: {{path: "{source}"}}
+segment_by: [store]
+target: y
+features: [x1, {feature}]
+models:
+  - {{name: ridge, kind: sklearn, estimator: sklearn.linear_model.Ridge}}
+training: {{output_dir: "{runs}", run_id: {run_id}}}
+"""
+
+
+def run_verb(argv: list[str], cwd, tty: bool = False) -> tuple[int, str, str]:
+    """``raybricks ARGV`` in a fresh process: its exit code, stdout and stderr (``tty``:
+    both on one pseudo-terminal, returned as stdout)."""
+    import pty
+
+    command = [sys.executable, "-m", "raybricks.cli", *argv]
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_AUTH_MODE")}
+    if not tty:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=cwd,
+                              env=env)
+        return done.returncode, done.stdout, done.stderr
+    leader, terminal = pty.openpty()
+    process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=terminal,
+                               stderr=terminal, cwd=cwd, env=env)
+    os.close(terminal)
+    shown = b""
+    while True:
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:  # EIO: the process closed the terminal
+            break
+        if not chunk:
+            break
+        shown += chunk
+    os.close(leader)
+    return process.wait(timeout=60), shown.decode().replace("\r\n", "\n"), ""
+
+
+def test_user_errors_are_one_message_and_the_log_path_without_a_traceback(tmp_path):
+    """A column the table lacks, a source path that does not exist, a model nobody
+    registered: each verb (on a terminal or not) prints the message and its log's path,
+    exits 2, and keeps the traceback in the log, not on the terminal."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    source = tmp_path / "shops.parquet"
+    helpers.shops().to_parquet(source)
+
+    def config(name: str, **fields: str) -> str:
+        path = tmp_path / f"{name}.yml"
+        path.write_text(USER_ERROR_JOB.format(**{
+            "source": source, "feature": "x2", "runs": tmp_path / "runs", "run_id": name,
+        } | fields))
+        return str(path)
+
+    runs = tmp_path / "runs"
+    cases = {  # argv, on a terminal, the message, the log
+        "train-column": (["train", "--config", config("column", feature="price")], True,
+                         "['price'] not in the table", runs / "column" / "raybricks.log"),
+        "train-path": (["train", "--config", config("path", source=tmp_path / "no.parquet")],
+                       False, "cannot read parquet at source.path",
+                       runs / "path" / "raybricks.log"),
+        "validate": (["validate", "--config", config("valid", feature="price")], False,
+                     "['price'] not in the table", None),
+        "score": (["score", "--model", "models:/tests.cli.never_registered@champion",
+                   "--input", str(source), "--output", str(tmp_path / "scored")], False,
+                  "cannot load model 'models:/tests.cli.never_registered@champion'", None),
+    }
+    with ThreadPoolExecutor(len(cases)) as pool:
+        done = {name: pool.submit(run_verb, argv, tmp_path, tty)
+                for name, (argv, tty, _, _) in cases.items()}
+        results = {name: future.result() for name, future in done.items()}
+    for name, (argv, _, message, log_file) in cases.items():
+        code, out, err = results[name]
+        shown = out + err
+        assert code == 2, (name, shown[-3000:])
+        assert message in shown, (name, shown[-3000:])
+        assert "Traceback" not in shown and "ERROR: raybricks" not in shown, (name, shown)
+        printed = re.search(r"^log: (\S+)$", out, re.M).group(1)  # said first
+        assert log_file is None or printed == str(log_file), name
+        assert f"raybricks {argv[0]}: " in shown and f"\nlog: {printed}\n" in shown, name
+        logged = Path(tmp_path, printed).read_text()
+        assert "Traceback" in logged and message in logged, name
+
+
+API_RUN = """
+import sys
+
+import raybricks
+
+raybricks.train(raybricks.JobConfig.from_dict({{
+    "source": {{"path": "{source}"}}, "segment_by": ["store"], "target": "y",
+    "features": ["x1", "x2"], "min_rows": 20,
+    "models": [{{"name": "ridge", "kind": "sklearn", "estimator": "sklearn.linear_model.Ridge"}}],
+    "cluster": {{"mode": "spark", "temp_dir": "{ray_temp}"}},
+    "training": {{"output_dir": "{runs}", "run_id": "api"}}}}), register=False)
+print("TRAINED", flush=True)
+"""
+
+
+@pytest.mark.heavy
+def test_the_python_api_keeps_ray_on_sparks_start_up_lines_in_the_run_log(tmp_path):
+    """``raybricks.train`` in a script starts Ray on Spark for the run: what its head
+    node's ``ray start`` prints and the autoscaler's events, which Ray prints on the
+    driver while the worker nodes start, are in the run's log and not on the terminal."""
+    import tempfile
+
+    from tests.test_reliability import ray_processes
+
+    source = tmp_path / "shops.parquet"
+    helpers.shops().to_parquet(source)
+    ray_temp = tempfile.mkdtemp(prefix="rbt-", dir="/tmp")  # short: Ray's socket paths
+    script = tmp_path / "api.py"
+    script.write_text(API_RUN.format(source=source, ray_temp=ray_temp, runs=tmp_path / "runs"))
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_AUTH_MODE")}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                         timeout=600, env=env, cwd=tmp_path)
+    assert run.returncode == 0 and "TRAINED" in run.stdout, run.stderr[-3000:]
+    assert "> Ray: start (on Spark) or connect ...\n" in run.stdout
+    logged = (tmp_path / "runs" / "api" / "raybricks.log").read_text()
+    head, driver = " INFO ray.util.spark.head: ", " INFO ray.util.spark.driver: "
+    assert re.search(rf"{head}.*Ray runtime started\.$", logged, re.M), logged[-5000:]
+    assert re.search(rf"{head}.*To connect to this Ray cluster:$", logged, re.M)
+    assert re.search(rf"{driver}\(autoscaler \+\S+\) Adding 1 node\(s\) of type ray\.worker",
+                     logged)
+    assert not [line for line in logged.splitlines()  # without the terminal's colours
+                if (head in line or driver in line) and "\x1b[" in line]
+    # nothing of the head's or the autoscaler's on the terminal; the worker node's own
+    # `ray start` runs in a Spark executor, whose output the Spark JVM relays to its own
+    # stderr as every executor's (on a cluster: the executors' logs)
+    for line in ("To connect to this Ray cluster", "Next steps", "(autoscaler", "Adding 1 node"):
+        assert line not in run.stdout + run.stderr, line
+    assert "Ray runtime started" not in run.stdout
+    deadline = time.monotonic() + 15  # the run stopped its Ray: nothing of it is left
+    while ray_processes(ray_temp) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not ray_processes(ray_temp)

@@ -17,6 +17,7 @@ from raybricks.cluster import (
     SparkCapacity,
     _check_executor_environment,
     disable_ray_token_auth,
+    expected_executors,
     forwarded_env,
     head_start_polled,
     ray_cluster,
@@ -45,14 +46,19 @@ def run_python(code: str, env: dict[str, str] | None = None, timeout: int = 180)
     )
 
 
-def test_ray_on_spark_runs_tasks_on_every_cpu(ray_on_spark):
+@pytest.mark.topology
+def test_ray_on_spark_runs_tasks_on_every_cpu(ray_on_spark, spark):
     import ray
 
     assert ray_on_spark.mode == "spark"
-    assert ray_on_spark.num_cpus == 2  # local[2]: every core
-    # One Ray worker node runs inside a Spark task, the head on the driver.
     nodes = [n for n in ray.nodes() if n["Alive"]]
-    assert len(nodes) == 2
+    if spark_capacity(spark).local_mode:
+        assert ray_on_spark.num_cpus == 2  # local[2]: every core
+        assert len(nodes) == 2  # one Ray worker node inside a Spark task, the head
+    else:  # local-cluster[2,2,...]: a worker node per executor, one core of each left
+        assert ray_on_spark.settings["max_worker_nodes"] == 2
+        assert ray_on_spark.settings["num_cpus_worker_node"] == 1
+        assert ray_on_spark.num_cpus == 2 and len(nodes) == 3
 
     @ray.remote
     def square(x):
@@ -61,6 +67,35 @@ def test_ray_on_spark_runs_tasks_on_every_cpu(ray_on_spark):
     assert ray.get([square.remote(i) for i in range(20)]) == [i * i for i in range(20)]
 
 
+@pytest.mark.topology
+def test_spark_jobs_find_slots_while_ray_is_up_and_a_whole_job_trains_and_scores(
+        ray_on_spark, spark, tmp_path):
+    """Ray's worker nodes hold their Spark slots for as long as Ray runs: with the
+    default sizing, reading, staging, counting and scoring still get slots (a job that
+    took every slot waited forever in its data stage)."""
+    from raybricks import JobConfig, score, train
+    from tests import helpers
+
+    data = helpers.shops()
+    source = tmp_path / "shops.parquet"
+    data.to_parquet(source)
+    config = JobConfig.model_validate({
+        "source": {"path": str(source)}, "segment_by": ["store"], "target": "y",
+        "features": ["x1", "x2", "color"], "min_rows": 20,
+        "models": [{"name": "ridge", "kind": "sklearn",
+                    "estimator": "sklearn.linear_model.Ridge"}],
+        "fallback": "global", "data": {"strategy": "parquet"},
+        "registry": {"name": "tests.topology.shops"},
+        "training": {"output_dir": str(tmp_path / "runs"), "progress": False}})
+    report = train(config, spark)
+    assert report.accounting["source_segments"] == data.store.nunique()
+    assert report.result.counts()["trained"] == 8
+    summary = score("models:/tests.topology.shops@champion", str(source),
+                    str(tmp_path / "scored"), spark=spark)
+    assert summary.rows == len(data) and summary.null_predictions == 0
+
+
+@pytest.mark.topology
 def test_mlflow_and_databricks_env_reach_ray_workers(ray_on_spark):
     import ray
 
@@ -77,7 +112,10 @@ def test_head_start_polls_the_port_within_ray_on_sparks_own_limit(monkeypatch):
 
     from ray.util.spark import cluster_init
 
+    from raybricks import cluster
+
     monkeypatch.setattr(cluster_init, "_RAY_HEAD_STARTUP_TIMEOUT", 3)
+    monkeypatch.setattr(cluster, "HEAD_START_LIMIT_S", 4)  # a busy machine's head: longer
     original = cluster_init.is_port_in_use
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
@@ -98,7 +136,7 @@ def test_head_start_polls_the_port_within_ray_on_sparks_own_limit(monkeypatch):
         gave_up = time.monotonic() - start
     listener.close()
     assert 0.3 < answered < 2.5  # waited for the port, returned when it answered
-    assert gave_up >= 3  # a head that never answers still fails after Ray's own limit
+    assert gave_up >= 4  # a head that never answers still fails, after the longer limit
     assert cluster_init._RAY_HEAD_STARTUP_TIMEOUT == 3
     assert cluster_init.is_port_in_use is original
     assert cluster_init._RAY_CLUSTER_STARTUP_PROGRESS_CHECKING_INTERVAL == 3
@@ -188,8 +226,8 @@ def test_local_mode_rejects_worker_cpus():
 
 
 def test_more_nodes_than_spark_slots_is_refused():
-    with pytest.raises(ClusterError, match="task slots"):
-        ray_on_spark_arguments(ClusterConfig(max_worker_nodes=3), SparkCapacity(True, 1, 2, 2, 1))
+    with pytest.raises(ClusterError, match="every task slot local Spark has"):
+        ray_on_spark_arguments(ClusterConfig(max_worker_nodes=2), SparkCapacity(True, 1, 2, 2, 1))
     with pytest.raises(ClusterError, match="more than the Spark cluster has"):
         ray_on_spark_arguments(
             ClusterConfig(max_worker_nodes=5), SparkCapacity(False, 2, 8, 8, 1)
@@ -200,18 +238,51 @@ def test_more_nodes_than_spark_slots_is_refused():
         )
 
 
-def test_cluster_sizing_defaults_to_one_ray_node_per_spark_worker():
+def test_cluster_sizing_leaves_spark_a_slot_on_every_worker():
+    """The default: a Ray worker node per Spark worker with every core but one task's."""
     args = ray_on_spark_arguments(ClusterConfig(), SparkCapacity(False, 3, 8, 8, 1))
-    assert args["max_worker_nodes"] == 3
-    assert args["num_cpus_worker_node"] == 8
-    autoscaling = ray_on_spark_arguments(
-        ClusterConfig(min_worker_nodes=1, max_worker_nodes=6, num_cpus_worker_node=4,
-                      memory_worker_node="8GiB"),
-        SparkCapacity(False, 2, 8, 8, 1),
-    )
-    assert autoscaling["min_worker_nodes"] == 1
-    assert autoscaling["max_worker_nodes"] == 6
-    assert autoscaling["memory_worker_node"] == 8 * 1024**3
+    assert (args["max_worker_nodes"], args["num_cpus_worker_node"]) == (3, 7)
+    two_cpu_tasks = ray_on_spark_arguments(ClusterConfig(), SparkCapacity(False, 4, 4, 8, 2))
+    assert (two_cpu_tasks["max_worker_nodes"], two_cpu_tasks["num_cpus_worker_node"]) == (4, 6)
+    # workers of one slot: every worker but one
+    single = ray_on_spark_arguments(ClusterConfig(), SparkCapacity(False, 3, 1, 1, 1))
+    assert (single["max_worker_nodes"], single["num_cpus_worker_node"]) == (2, 1)
+    with pytest.raises(ClusterError, match="single task slot"):
+        ray_on_spark_arguments(ClusterConfig(), SparkCapacity(False, 1, 1, 1, 1))
+    # an autoscaling cluster (Databricks' spec, dynamic allocation): the same bounds
+    autoscaling = ray_on_spark_arguments(ClusterConfig(), SparkCapacity(False, 8, 8, 8, 1, 2))
+    assert (autoscaling["min_worker_nodes"], autoscaling["max_worker_nodes"]) == (2, 8)
+    explicit = ray_on_spark_arguments(
+        ClusterConfig(min_worker_nodes=1, max_worker_nodes=3, num_cpus_worker_node=4,
+                      memory_worker_node="8GiB"), SparkCapacity(False, 2, 8, 8, 1))
+    assert (explicit["min_worker_nodes"], explicit["max_worker_nodes"]) == (1, 3)
+    assert explicit["memory_worker_node"] == 8 * 1024**3
+
+
+def test_a_request_that_takes_every_spark_slot_is_refused():
+    cluster = SparkCapacity(False, 2, 8, 8, 1)
+    for asked in ({"num_cpus_worker_node": 8, "max_worker_nodes": 2},
+                  {"num_cpus_worker_node": 4, "max_worker_nodes": 4},
+                  {"num_cpus_worker_node": 4, "max_worker_nodes": 6, "min_worker_nodes": 1}):
+        with pytest.raises(ClusterError, match="would take every Spark task slot.*Leave Spark"):
+            ray_on_spark_arguments(ClusterConfig(**asked), cluster)
+    fits = ray_on_spark_arguments(
+        ClusterConfig(num_cpus_worker_node=4, max_worker_nodes=3), cluster)
+    assert (fits["max_worker_nodes"], fits["num_cpus_worker_node"]) == (3, 4)
+
+
+def test_sizing_reads_what_spark_says_of_its_executors():
+    tags = "spark.databricks.clusterUsageTags."
+    assert expected_executors({}) == (None, None, None)
+    assert expected_executors({"spark.executor.instances": "4"}) == (4, None, None)
+    assert expected_executors({"spark.master": "local-cluster[3,2,1024]"}) == (3, None, None)
+    assert expected_executors({"spark.dynamicAllocation.enabled": "true",
+                               "spark.dynamicAllocation.minExecutors": "2",
+                               "spark.dynamicAllocation.maxExecutors": "10"}) == (2, 2, 10)
+    assert expected_executors({tags + "clusterTargetWorkers": "4"}) == (4, None, None)
+    assert expected_executors({tags + "clusterScalingType": "autoscaling",
+                               tags + "clusterMinWorkers": "2",
+                               tags + "clusterMaxWorkers": "8"}) == (2, 2, 8)
 
 
 def test_config_errors_name_the_key():
@@ -338,3 +409,47 @@ def test_missing_java_is_one_clear_line(monkeypatch, tmp_path):
     )
     assert result.returncode == 1
     assert result.stderr.count("\n") == 1 and "install Java 17+" in result.stderr
+
+
+def test_the_spark_master_is_taken_where_pyspark_users_name_it(tmp_path):
+    from raybricks.cli import build_parser, use_master
+    from raybricks.session import requested_master
+
+    conf = tmp_path / "conf"
+    conf.mkdir()
+    (conf / "spark-defaults.conf").write_text("# comment\nspark.master   spark://d:7077\n")
+    submit = {"PYSPARK_SUBMIT_ARGS": "--conf a=b --master 'local-cluster[2,1,1024]' pyspark-shell"}
+    assert requested_master(environ={}) is None  # raybricks' local[N]
+    assert requested_master(environ={"SPARK_CONF_DIR": str(conf)}) == "spark://d:7077"
+    assert requested_master(environ={"SPARK_HOME": str(tmp_path)}) == "spark://d:7077"
+    assert requested_master(environ={**submit, "SPARK_CONF_DIR": str(conf)}) == \
+        "local-cluster[2,1,1024]"
+    assert requested_master(environ={"PYSPARK_SUBMIT_ARGS": "--master=yarn pyspark-shell"}) \
+        == "yarn"
+    assert requested_master(environ={**submit, "SPARK_MASTER": "spark://e:7077"}) == \
+        "spark://e:7077"
+    assert requested_master("local[3]", {"SPARK_MASTER": "spark://e:7077"}) == "local[3]"
+    # --master: the job config's spark.master, over the file's
+    args = build_parser().parse_args(["train", "--config", "x.yml", "--master", "yarn"])
+    before = os.environ.get("SPARK_MASTER")
+    try:
+        use_master(args)
+        assert args.set == ["spark.master=yarn"] and os.environ["SPARK_MASTER"] == "yarn"
+    finally:
+        os.environ.pop("SPARK_MASTER", None)
+        if before is not None:
+            os.environ["SPARK_MASTER"] = before
+
+
+@pytest.mark.topology
+def test_executors_are_counted_once_they_have_registered(spark):
+    from raybricks.cluster import registered_executors, wait_for_executors
+
+    capacity = spark_capacity(spark)
+    if capacity.local_mode:  # local[N]: the driver runs the tasks, no executor
+        assert registered_executors(spark) == []
+        with pytest.raises(ClusterError, match="no Spark executor registered within 1 s"):
+            wait_for_executors(spark, None, timeout=1)
+    else:  # local-cluster[2,2,...]: both executors, with the cores they report
+        assert [e.cores for e in wait_for_executors(spark, None, timeout=30)] == [2, 2]
+        assert (capacity.workers, capacity.cores_per_worker) == (2, 2)

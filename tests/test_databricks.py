@@ -296,7 +296,7 @@ def test_cluster_spec_sizes_ray_and_autoscales_it():
     assert (capacity.workers, capacity.cores_per_worker, capacity.min_workers) == (8, 4, 2)
     args = ray_on_spark_arguments(ClusterConfig(), capacity)
     assert args["max_worker_nodes"] == 8 and args["min_worker_nodes"] == 2
-    assert args["num_cpus_worker_node"] == 4
+    assert args["num_cpus_worker_node"] == 3  # a worker's cores but one Spark task's
     # an explicit config wins; a fixed-size cluster gives a fixed-size Ray
     assert ray_on_spark_arguments(ClusterConfig(min_worker_nodes=4), capacity)[
         "min_worker_nodes"] == 4

@@ -230,6 +230,105 @@ def test_two_jobs_at_once_share_nothing_and_both_succeed(ray_on_spark, tmp_path)
     assert list(staging.iterdir()) == []
 
 
+def descendants(pid: int) -> set[int]:
+    """The processes below ``pid`` now: its children, theirs, and so on."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit():
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                children.setdefault(ppid, []).append(int(entry.name))
+        except (OSError, IndexError, ValueError):
+            continue
+    found, todo = set(), [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
+def running(pids: set[int]) -> set[int]:
+    """Those of ``pids`` that still run (an exited process not yet reaped does not)."""
+    alive = set()
+    for pid in pids:
+        try:
+            if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+                alive.add(pid)
+        except (OSError, IndexError):
+            continue
+    return alive
+
+
+def interrupted_on_ray_on_spark(tmp_path: Path, ready, signum: int, group: bool
+                                ) -> tuple[str, str, float]:
+    """``raybricks train`` with Ray on Spark (local Spark) in a session of its own, sent
+    ``signum`` (``group``: to its process group, as a terminal's Ctrl-C) once ``ready(ray
+    temp dir)`` holds. Checks it exits 130 within 15 s, saying how to resume, and that
+    every process it started (Spark's JVM and Python workers, Ray's head and worker
+    nodes) is gone within 15 s more; returns its stdout, stderr and seconds to exit."""
+    source = tmp_path / "source.parquet"
+    faults.stores({"slow": "wait"}, regular=2).to_parquet(source)
+    ray_temp = tempfile.mkdtemp(prefix="rbt-", dir="/tmp")  # short: Ray's socket paths
+    models = [FAULTY[0] | {"params": {"release": str(tmp_path / "release")}}]
+    config = write_config(tmp_path / "job.yml", source, models=models,
+                          cluster={"mode": "spark", "temp_dir": ray_temp},
+                          training={"output_dir": str(tmp_path / "runs"), "run_id": "stop"})
+    driver = run_cli(config, wait=False, start_new_session=True)
+    try:
+        wait_until(lambda: ready(ray_temp) or driver.poll() is not None, "the moment", 400)
+        assert driver.poll() is None, driver.communicate()[1][-3000:]
+        started = descendants(driver.pid)
+        assert ray_processes(ray_temp) and started  # its Ray on Spark is up, or starting
+        sent = time.monotonic()
+        if group:
+            os.killpg(driver.pid, signum)
+        else:
+            driver.send_signal(signum)
+        out, err = driver.communicate(timeout=120)
+        seconds = time.monotonic() - sent
+    finally:
+        if driver.poll() is None:
+            os.killpg(driver.pid, signal.SIGKILL)
+    assert driver.returncode == 130, err[-3000:]
+    assert seconds <= 15, f"{seconds:.1f} s from the signal to the exit"
+    assert "raybricks train: interrupted. Ray and Spark were shut down" in err
+    assert err.rstrip().endswith("--set training.resume=true --set training.run_id=stop")
+    assert "Traceback" not in out + err
+    wait_until(lambda: not running(started | descendants(driver.pid)),
+               "the processes the run started to exit", 15)
+    assert not ray_processes(ray_temp)
+    print(f"exited {seconds:.1f} s after the signal")  # shown with pytest -rP
+    return out, err, seconds
+
+
+@pytest.mark.heavy
+def test_ctrl_c_while_ray_on_spark_starts_ends_the_run_and_its_ray_within_seconds(tmp_path):
+    """Ctrl-C (SIGINT to the process group) once Ray on Spark's head node is up and a
+    worker node is starting: the run stops the start (head node, Spark job server, the
+    worker node's Spark job) and exits 130, instead of waiting forever for Ray's threads."""
+
+    def worker_node_starting(ray_temp: str) -> bool:
+        commands = [Path(f"/proc/{pid}/cmdline").read_bytes() for pid in
+                    ray_processes(ray_temp) if Path(f"/proc/{pid}/cmdline").exists()]
+        return any(b"start_ray_node" in c and b"--head" not in c for c in commands)
+
+    out, _, _ = interrupted_on_ray_on_spark(tmp_path, worker_node_starting, signal.SIGINT,
+                                            group=True)
+    assert "x Ray: start (on Spark) or connect: stopped after" in out
+
+
+@pytest.mark.heavy
+def test_sigterm_while_training_on_ray_on_spark_ends_the_run_and_its_ray_within_seconds(
+        tmp_path):
+    """SIGTERM to the driver while a segment's fit runs on Ray on Spark: the run stops
+    training, shuts Ray on Spark down and exits 130 with the command that resumes it."""
+    out, _, _ = interrupted_on_ray_on_spark(
+        tmp_path, lambda _: (tmp_path / "waiting").exists(), signal.SIGTERM, group=False)
+    assert "x training (run stop): stopped after" in out
+
+
 # --------------------------------------------------------------------------- MLflow
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import os
 import sys
 import time
 from collections.abc import Iterator
@@ -58,15 +59,17 @@ def run_train(args: argparse.Namespace) -> int:
 @contextlib.contextmanager
 def logged(args: argparse.Namespace, log_file: Path | None = None) -> Iterator[Path]:
     """Run the block with the libraries' output in ``log_file`` (default: one per verb
-    and time under LOG_DIR), its path said first; a failure's traceback goes there."""
+    and time under LOG_DIR), its path said first; a failure's traceback goes there, and
+    only there (``main`` says what failed). SIGTERM stops the block as Ctrl-C does."""
     log_file = log_file or LOG_DIR / f"{args.verb}-{time.strftime('%Y%m%d-%H%M%S')}.log"
     args.log_file = log_file
     say(f"log: {log_file}" + (" (and here: --verbose)" if args.verbose else ""))
-    with console.libraries_to(log_file, args.verbose):
+    with console.sigterm_as_interrupt(), console.libraries_to(log_file, args.verbose):
         try:
             yield log_file
         except BaseException:
-            logging.getLogger("raybricks").exception("raybricks %s stopped", args.verb)
+            logging.getLogger("raybricks").exception("raybricks %s stopped", args.verb,
+                                                     extra=console.LOG_ONLY)
             raise
 
 
@@ -185,6 +188,12 @@ def build_parser() -> argparse.ArgumentParser:
     for verb, (help_text, add_arguments, _) in VERBS.items():
         verb_parser = verbs.add_parser(verb, help=help_text, description=help_text)
         add_arguments(verb_parser)
+        if verb != "submit":
+            verb_parser.add_argument(
+                "--master", default=None,
+                help="the Spark master when no session is active (e.g. spark://host:7077, "
+                     "local-cluster[2,2,2048]); default: SPARK_MASTER, PYSPARK_SUBMIT_ARGS' "
+                     "--master, spark-defaults.conf, else local[N]")
         verb_parser.add_argument(
             "--verbose", action="store_true",
             help="show what Ray, Spark, MLflow and the libraries log as it comes, and a "
@@ -197,27 +206,62 @@ def main(argv: list[str] | None = None) -> int:
 
     args = build_parser().parse_args(argv)
     args.log_file = args.resume = args.kept = None
+    use_master(args)
     try:
         return VERBS[args.verb][2](args)
-    except RaybricksError as exc:
-        log = f"\nlog: {args.log_file}" if args.log_file else ""
-        print(f"raybricks {args.verb}: {exc}{log}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
-        stop_spark()
-        lines = [f"raybricks {args.verb}: interrupted. Ray and Spark were shut down"
-                 + (f"; {args.kept}" if args.kept else "") + "."]
-        if args.resume:
-            lines.append(f"To continue where it stopped: {args.resume}")
-        print("\n".join(lines), file=sys.stderr)
-        return INTERRUPTED
-    except Exception as exc:  # noqa: BLE001 - one paragraph, not a traceback
+        return interrupted(args)
+    except Exception as exc:  # noqa: BLE001 - one message or paragraph, not a traceback
+        if after_interrupt(exc):
+            return interrupted(args)
+        if isinstance(exc, RaybricksError):
+            log = f"\nlog: {args.log_file}" if args.log_file else ""
+            print(f"raybricks {args.verb}: {exc}{log}", file=sys.stderr)
+            return 2
         print(failure_paragraph(args, exc), file=sys.stderr)
         if args.verbose:
             import traceback
 
             traceback.print_exc()
         return 1
+
+
+def use_master(args: argparse.Namespace) -> None:
+    """``--master``: the job config's ``spark.master`` (it wins over the file's) and
+    ``SPARK_MASTER`` for the verbs without a job config."""
+    master = getattr(args, "master", None)
+    if master:
+        os.environ["SPARK_MASTER"] = master
+        if isinstance(getattr(args, "set", None), list):
+            args.set.append(f"spark.master={master}")
+
+
+def interrupted(args: argparse.Namespace) -> int:
+    """After Ctrl-C or SIGTERM: stop Spark, say what was kept and how to resume."""
+    stop_spark()
+    lines = [f"raybricks {args.verb}: interrupted. Ray and Spark were shut down"
+             + (f"; {args.kept}" if args.kept else "") + "."]
+    if args.resume:
+        lines.append(f"To continue where it stopped: {args.resume}")
+    print("\n".join(lines), file=sys.stderr)
+    return INTERRUPTED
+
+
+def after_interrupt(exc: BaseException) -> bool:
+    """Whether ``exc`` came while a KeyboardInterrupt was handled: clean-up that Ctrl-C
+    or SIGTERM cut short failing in turn (a Spark call interrupted half-way leaves its
+    connection to the JVM broken for the next call, in a ``finally``, say)."""
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [exc]
+    while todo:
+        found = todo.pop()
+        if found is None or id(found) in seen:
+            continue
+        if isinstance(found, KeyboardInterrupt):
+            return True
+        seen.add(id(found))
+        todo += [found.__context__, found.__cause__]
+    return False
 
 
 def failure_paragraph(args: argparse.Namespace, exc: BaseException) -> str:

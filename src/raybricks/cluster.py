@@ -19,9 +19,14 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from raybricks.config import ClusterConfig
+from raybricks.config import ClusterConfig, SparkConfig
 from raybricks.errors import ClusterError, SetupError
-from raybricks.session import active_spark, local_spark_session, prepare_executor_environment
+from raybricks.session import (
+    active_spark,
+    local_spark_session,
+    prepare_executor_environment,
+    require_spark_context,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -113,8 +118,104 @@ def shm_object_store_cap(nodes_on_this_machine: int = 1) -> int | None:
     return int(free * SHM_SHARE / max(nodes_on_this_machine, 1))
 
 
-def spark_capacity(spark: SparkSession) -> SparkCapacity:
-    """Measure the Spark cluster: local[N] slots, or executors and their cores."""
+#: Longest wait, seconds, for a cluster's executors to register before Ray is sized.
+EXECUTOR_WAIT_S = 60.0
+#: How long the count of registered executors must hold still when Spark does not say
+#: how many to expect (standalone without ``spark.executor.instances``).
+EXECUTORS_SETTLED_S = 3.0
+#: Databricks' cluster tags (Spark confs) that give the cluster's size.
+DATABRICKS_TAGS = "spark.databricks.clusterUsageTags."
+
+
+@dataclass(frozen=True)
+class Executor:
+    """A Spark executor as it registered: its id, host and cores."""
+
+    id: str
+    host: str
+    cores: int
+
+
+def registered_executors(spark: SparkSession) -> list[Executor] | None:
+    """The executors registered now (the driver left out), from Spark's status store;
+    None where the JVM's internals cannot be read (py4j differs across runtimes)."""
+    try:
+        found = spark.sparkContext._jsc.sc().statusStore().executorList(True)
+        summaries = [found.apply(i) for i in range(found.size())]
+        return [Executor(str(e.id()), str(e.hostPort()).rsplit(":", 1)[0], int(e.totalCores()))
+                for e in summaries if str(e.id()) != "driver"]
+    except Exception:  # noqa: BLE001 - private API: fall back to the confs
+        return None
+
+
+def conf_int(conf: Any, key: str) -> int | None:
+    """An integer Spark conf, or None when unset or not a number."""
+    try:
+        return int(conf.get(key, None))
+    except (TypeError, ValueError):
+        return None
+
+
+def expected_executors(conf: Any) -> tuple[int | None, int | None, int | None]:
+    """What Spark's confs say of the executors: (how many to wait for, fewest, most).
+
+    Databricks' cluster tags (``clusterTargetWorkers``; ``clusterMinWorkers`` and
+    ``clusterMaxWorkers`` with ``clusterScalingType: autoscaling``), dynamic allocation
+    (``min/initial/maxExecutors``), else ``spark.executor.instances``. None: not said.
+    """
+    if conf.get(DATABRICKS_TAGS + "clusterScalingType", None) == "autoscaling":
+        low = conf_int(conf, DATABRICKS_TAGS + "clusterMinWorkers")
+        high = conf_int(conf, DATABRICKS_TAGS + "clusterMaxWorkers")
+        return low, low, high
+    target = conf_int(conf, DATABRICKS_TAGS + "clusterTargetWorkers")
+    if target is not None:
+        return target, None, None
+    if conf.get("spark.dynamicAllocation.enabled", "false").lower() == "true":
+        low = conf_int(conf, "spark.dynamicAllocation.minExecutors") or 0
+        initial = conf_int(conf, "spark.dynamicAllocation.initialExecutors")
+        return max(initial or low, 1), low, conf_int(conf, "spark.dynamicAllocation.maxExecutors")
+    local_cluster = re.fullmatch(r"local-cluster\[(\d+),.*\]", conf.get("spark.master", ""))
+    if local_cluster:
+        return int(local_cluster.group(1)), None, None
+    return conf_int(conf, "spark.executor.instances"), None, None
+
+
+def wait_for_executors(spark: SparkSession, expected: int | None,
+                       timeout: float = EXECUTOR_WAIT_S, poll: float = 0.25
+                       ) -> list[Executor] | None:
+    """The executors, once ``expected`` of them registered (unknown: once their count
+    held still for ``EXECUTORS_SETTLED_S``), within ``timeout`` seconds; None when the
+    status store is out of reach. Right after a session starts, 0 or 1 of 2 executors
+    may have registered."""
+    deadline = time.monotonic() + timeout
+    last: list[Executor] = []
+    since = time.monotonic()
+    while True:
+        found = registered_executors(spark)
+        if found is None:
+            return None
+        if len(found) != len(last):
+            last, since = found, time.monotonic()
+        settled = time.monotonic() - since >= EXECUTORS_SETTLED_S
+        if (len(found) >= expected if expected else found and settled) \
+                or time.monotonic() >= deadline:
+            break
+        time.sleep(poll)
+    if not found:
+        raise ClusterError(
+            f"no Spark executor registered within {timeout:.0f} s (master "
+            f"{spark.sparkContext.master}): Ray on Spark starts its worker nodes in "
+            "executors. Check that the cluster's workers are up (the Spark UI's Executors "
+            "tab), or use cluster.mode=local to run Ray on this machine alone")
+    if expected and len(found) < expected:
+        log.warning("%d of %d expected Spark executors registered within %.0f s: sizing Ray "
+                    "on those", len(found), expected, timeout)
+    return found
+
+
+def spark_capacity(spark: SparkSession, wait: float = EXECUTOR_WAIT_S) -> SparkCapacity:
+    """Measure the Spark cluster: local[N] slots, or the executors once registered (at
+    most ``wait`` seconds) with the cores they report."""
     sc = spark.sparkContext
     conf = sc.getConf()
     task_cpus = int(conf.get("spark.task.cpus", "1"))
@@ -126,11 +227,15 @@ def spark_capacity(spark: SparkSession) -> SparkCapacity:
         slots = 1 if raw is None else machine if raw == "*" else int(raw)
         # local[N] may have more slots than the machine has cores; Ray gets the cores.
         return SparkCapacity(True, 1, max(slots // task_cpus, 1), min(slots, machine), task_cpus)
-    executors = _executor_count(spark)
-    cores = int(conf.get("spark.executor.cores", "0")) or max(
-        sc.defaultParallelism // max(executors, 1), 1
-    )
-    return SparkCapacity(False, executors, max(cores // task_cpus, 1), cores, task_cpus)
+    to_wait, low, high = expected_executors(conf)
+    executors = wait_for_executors(spark, to_wait, wait)
+    if executors:
+        count, cores = len(executors), min(e.cores for e in executors)
+    else:  # the status store is out of reach: the confs, then Spark's parallelism
+        count = max(to_wait or 1, 1)
+        cores = conf_int(conf, "spark.executor.cores") or max(sc.defaultParallelism // count, 1)
+    return SparkCapacity(False, max(high or 0, count), max(cores // task_cpus, 1), cores,
+                         task_cpus, min_workers=low if high else None)
 
 
 def cluster_capacity(spark: SparkSession) -> SparkCapacity:
@@ -157,19 +262,69 @@ def capacity_from_cluster_spec(measured: SparkCapacity, sizing: ClusterSizing) -
     )
 
 
-def _executor_count(spark: SparkSession) -> int:
-    """Executors registered now (the driver excluded), at least 1."""
-    try:
-        status = spark.sparkContext._jsc.sc().getExecutorMemoryStatus()
-        return max(status.size() - 1, 1)
-    except Exception:  # noqa: BLE001 - py4j internals differ across runtimes
-        return max(int(spark.sparkContext.getConf().get("spark.executor.instances", "1")), 1)
+def spark_slots_left(capacity: SparkCapacity, cpus: int, nodes: int) -> int:
+    """Spark's task slots left while ``nodes`` Ray worker nodes of ``cpus`` CPUs hold
+    theirs, placed as tightly as Spark may place them (filling one worker, then the next)."""
+    cores, task = capacity.cores_per_worker, capacity.task_cpus
+    per_worker = max(cores // cpus, 1)
+    full, rest = divmod(nodes, per_worker)
+    if full + (1 if rest else 0) > capacity.workers:
+        return 0
+    untouched = capacity.workers - full - (1 if rest else 0)
+    return (untouched * (cores // task) + full * ((cores - per_worker * cpus) // task)
+            + ((cores - rest * cpus) // task if rest else 0))
+
+
+def ray_share(config: ClusterConfig, capacity: SparkCapacity) -> tuple[int, int]:
+    """(CPUs per Ray worker node, most Ray worker nodes) on a Spark cluster.
+
+    The rule: Ray on Spark's worker nodes are Spark tasks that run for as long as Ray
+    does, so Spark keeps at least one task slot for its own jobs while Ray is up
+    (reading, staging the data by segment, counting segments). By default Ray takes one
+    worker node per Spark worker with every core but one Spark task's; workers of a
+    single slot: every worker but one. A request that would leave Spark no slot is an
+    error here, before anything starts.
+    """
+    cores, task = capacity.cores_per_worker, capacity.task_cpus
+    cluster = f"{capacity.workers} Spark worker(s) x {cores} core(s), spark.task.cpus={task}"
+    cpus = config.num_cpus_worker_node or (cores - task if cores >= 2 * task else cores)
+    if cpus > cores:
+        raise ClusterError(
+            f"cluster.num_cpus_worker_node={cpus} is more than a Spark worker has "
+            f"({cores} cores): lower it or pick a larger node type")
+    available = capacity.workers * max(cores // cpus, 1)
+    if config.max_worker_nodes is None:
+        nodes = min(capacity.workers, available)
+        while nodes > 0 and spark_slots_left(capacity, cpus, nodes) < 1:
+            nodes -= 1
+        if nodes == 0:
+            raise ClusterError(
+                f"the Spark cluster has a single task slot ({cluster}): a Ray worker node "
+                "would hold it for as long as Ray runs, and Spark's own jobs (reading the "
+                "source, staging it by segment) would wait forever. Add a worker or cores, "
+                "or run Ray on this machine alone with cluster.mode=local")
+        return cpus, nodes
+    nodes = config.max_worker_nodes
+    if config.min_worker_nodes is None and nodes > available:
+        raise ClusterError(
+            f"cluster.max_worker_nodes={nodes} x {cpus} CPUs is more than the Spark cluster "
+            f"has now ({cluster}): lower it, set min_worker_nodes to autoscale, or add "
+            "workers")
+    if spark_slots_left(capacity, cpus, min(nodes, available)) < 1:
+        raise ClusterError(
+            f"cluster.max_worker_nodes={nodes} x num_cpus_worker_node={cpus} would take "
+            f"every Spark task slot ({cluster}); Ray's worker nodes hold theirs for as long "
+            "as Ray runs, so Spark's own jobs (reading the source, staging it by segment) "
+            "would wait forever. Leave Spark one slot: lower max_worker_nodes or "
+            "num_cpus_worker_node, or leave both unset for raybricks' default")
+    return cpus, nodes
 
 
 def ray_on_spark_arguments(config: ClusterConfig, capacity: SparkCapacity) -> dict[str, Any]:
     """Translate a ClusterConfig into ``setup_ray_cluster`` keyword arguments.
 
-    Raises ClusterError when the request exceeds what the Spark cluster has.
+    Raises ClusterError when the request exceeds what the Spark cluster has, or would
+    leave Spark no task slot while Ray runs.
     """
     args: dict[str, Any] = {}
     if capacity.local_mode:
@@ -180,11 +335,11 @@ def ray_on_spark_arguments(config: ClusterConfig, capacity: SparkCapacity) -> di
                 "spark.task.cpus CPUs): leave them unset, or use num_cpus_head_node"
             )
         max_nodes = config.max_worker_nodes or 1
-        if max_nodes > capacity.total_slots:
+        if max_nodes >= capacity.total_slots:
             raise ClusterError(
-                f"cluster.max_worker_nodes={max_nodes} asks for more Ray worker nodes than "
-                f"local Spark has task slots ({capacity.total_slots}): lower it, or start Spark "
-                f"with more cores (local[N])"
+                f"cluster.max_worker_nodes={max_nodes} Ray worker node(s) would take every "
+                f"task slot local Spark has ({capacity.total_slots}), and Spark's own jobs "
+                "would wait forever: lower it, or start Spark with more slots (local[N])"
             )
         # Each worker node gets spark.task.cpus CPUs; the head node takes the rest, so
         # Ray sees every core while Spark keeps free slots for reading and staging.
@@ -193,28 +348,14 @@ def ray_on_spark_arguments(config: ClusterConfig, capacity: SparkCapacity) -> di
             head_cpus = max(capacity.cores_per_worker - max_nodes * capacity.task_cpus, 0)
         args["num_cpus_head_node"] = head_cpus
     else:
-        cpus = config.num_cpus_worker_node or capacity.cores_per_worker
-        if cpus > capacity.cores_per_worker:
-            raise ClusterError(
-                f"cluster.num_cpus_worker_node={cpus} is more than a Spark worker has "
-                f"({capacity.cores_per_worker} cores): lower it or pick a larger node type"
-            )
-        nodes_per_worker = max(capacity.cores_per_worker // cpus, 1)
-        available = capacity.workers * nodes_per_worker
-        max_nodes = config.max_worker_nodes or available
-        if config.min_worker_nodes is None and max_nodes > available:
-            raise ClusterError(
-                f"cluster.max_worker_nodes={max_nodes} x {cpus} CPUs is more than the Spark "
-                f"cluster has now ({capacity.workers} workers x {capacity.cores_per_worker} "
-                f"cores): lower it, set min_worker_nodes to autoscale, or add workers"
-            )
+        cpus, max_nodes = ray_share(config, capacity)
         args["num_cpus_worker_node"] = cpus
         args["num_gpus_worker_node"] = config.num_gpus_worker_node or 0
         if config.num_cpus_head_node is not None:
             args["num_cpus_head_node"] = config.num_cpus_head_node
         if config.min_worker_nodes is None and capacity.min_workers is not None:
             # an autoscaling Spark cluster: let Ray scale between the same bounds
-            args["min_worker_nodes"] = min(capacity.min_workers * nodes_per_worker, max_nodes)
+            args["min_worker_nodes"] = min(capacity.min_workers, max_nodes)
     args["max_worker_nodes"] = max_nodes
     if config.min_worker_nodes is not None:
         args["min_worker_nodes"] = config.min_worker_nodes
@@ -329,22 +470,27 @@ def _start_on_spark(
     from ray.util.spark import setup_ray_cluster, shutdown_ray_cluster
 
     spark = spark or active_spark()
+    require_spark_context(spark, "Ray on Spark")
     if spark is None:
         raise SetupError(
             "no active SparkSession: on Databricks run inside a notebook or job; locally "
             "call raybricks.session.local_spark_session() first (or pass spark=...), or "
             "use cluster.mode=local for a plain local Ray"
         )
+    capacity = cluster_capacity(spark)
+    args = ray_on_spark_arguments(config, capacity)
     _check_executor_environment(spark)
-    args = ray_on_spark_arguments(config, cluster_capacity(spark))
-    log.info("starting Ray on Spark with %s", args)
+    log.info("starting Ray on Spark with %s (Spark: %s)", args, capacity)
     try:
-        with head_start_polled():
+        with head_start_polled(), dashboard_bound(config.dashboard_host):
             head_address, _client_address = setup_ray_cluster(**args)
     except Exception as exc:
         raise ClusterError(
-            f"Ray on Spark did not start: {exc}. See the Ray logs under "
-            f"{config.temp_dir or '/tmp/ray'}; check free ports and memory"
+            f"Ray on Spark did not start: {type(exc).__name__}: {exc}. It was asked for "
+            f"{args.get('max_worker_nodes')} worker node(s) of "
+            f"{args.get('num_cpus_worker_node', capacity.task_cpus)} CPU(s) on {capacity.workers} "
+            f"Spark worker(s) of {capacity.cores_per_worker} core(s); the Ray logs are under "
+            f"{config.temp_dir or '/tmp/ray'} (Ray on Spark's session folder)"
         ) from exc
     try:
         ray.init(address=head_address, runtime_env=runtime_env, log_to_driver=False)
@@ -354,6 +500,37 @@ def _start_on_spark(
     return RayCluster("spark", head_address, args)
 
 
+@contextlib.contextmanager
+def dashboard_bound(host: str) -> Iterator[None]:
+    """Within: Ray on Spark binds the Ray dashboard to ``host`` instead of every
+    interface (``0.0.0.0``, which it does not let a caller change). Ray versions that
+    write the address literally (2.37) keep binding every interface."""
+    try:
+        from ray.util.spark import cluster_init
+    except ImportError:  # pragma: no cover - Ray on Spark always has it
+        yield
+        return
+    every_interface = getattr(cluster_init, "get_all_interfaces_ip", None)
+    wait_service_up = getattr(cluster_init, "_wait_service_up", None)
+    if every_interface is None or wait_service_up is None:
+        yield
+        return
+
+    def dashboard_up(address: str, port: int, timeout: float) -> bool:
+        """Ray waits for the dashboard at the head's address: where it listens instead."""
+        return wait_service_up(address if host in ("0.0.0.0", "::") else host, port, timeout)
+
+    cluster_init.get_all_interfaces_ip = lambda: host
+    cluster_init._wait_service_up = dashboard_up  # Ray on Spark's only use: the dashboard
+    try:
+        yield
+    finally:
+        cluster_init.get_all_interfaces_ip = every_interface
+        cluster_init._wait_service_up = wait_service_up
+
+
+#: Longest wait, seconds, for the Ray head node to answer while Ray on Spark starts.
+HEAD_START_LIMIT_S = 60.0
 #: Seconds between two counts of the Ray worker nodes that joined, while Ray on Spark starts.
 WORKERS_POLLED = 0.25
 
@@ -365,8 +542,9 @@ def head_start_polled(interval: float = 0.2) -> Iterator[None]:
 
     ``setup_ray_cluster`` sleeps ``_RAY_HEAD_STARTUP_TIMEOUT`` seconds, then checks the
     port once (Ray 2.37 to 2.60 alike). Here it checks at once and every ``interval``
-    seconds until the port answers or as many seconds have passed: the same limit and
-    the same error, as soon as the head answers (about 11 s sooner on a 2-core machine).
+    seconds until the port answers or ``HEAD_START_LIMIT_S`` have passed (Ray's 20 s is
+    too short for a busy 2-core machine that also runs the executors' JVMs): the same
+    error, as soon as the head answers (about 11 s sooner on a 2-core machine).
     Then it waits for the worker nodes, looking every
     ``_RAY_CLUSTER_STARTUP_PROGRESS_CHECKING_INTERVAL`` seconds (3; 1.5 s of waiting on
     average after the last one joined). And the head does not hold the machine's
@@ -389,7 +567,7 @@ def head_start_polled(interval: float = 0.2) -> Iterator[None]:
         return
 
     def port_in_use_within_limit(host: str, port: int) -> bool:
-        deadline = time.monotonic() + limit
+        deadline = time.monotonic() + max(limit, HEAD_START_LIMIT_S)
         while not port_in_use(host, port):
             if time.monotonic() >= deadline:
                 return False
@@ -484,28 +662,19 @@ def stop_ray(cluster: RayCluster | None) -> None:
     if ray.is_initialized():
         ray.shutdown()
     if cluster is not None and cluster.mode == "spark" and cluster._owned:
-        from ray.util.spark import shutdown_ray_cluster
-
-        with contextlib.suppress(Exception):
-            shutdown_ray_cluster()
+        stop_ray_on_spark()
         cluster._owned = False
 
 
 @contextlib.contextmanager
-def _sigterm_as_interrupt() -> Iterator[None]:
-    """Turn SIGTERM into KeyboardInterrupt for the block, so clean-up still runs."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
+def _sigterm_as_interrupt() -> Iterator[Callable[[], None]]:
+    """Turn SIGTERM (and Ray's SIGTERM exit) into KeyboardInterrupt for the block, so
+    clean-up still runs; yields the function that installs the handler again, as
+    ``console.sigterm_as_interrupt`` does."""
+    from raybricks.console import sigterm_as_interrupt
 
-    def _raise(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    previous = signal.signal(signal.SIGTERM, _raise)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    with sigterm_as_interrupt() as install:
+        yield install
 
 
 @contextlib.contextmanager
@@ -523,16 +692,227 @@ def ray_cluster(
     from raybricks.console import stage
 
     cluster: RayCluster | None = None
-    try:
-        with stage("cluster", timings, "Ray: start (on Spark) or connect"):
-            cluster = start_ray(config, spark)
-        # installed after ray.init, which sets a SIGTERM handler of its own
-        with _sigterm_as_interrupt():
+    started = RayOnSparkStart()
+    # SIGTERM stops the block as Ctrl-C does, from the start of Ray on: what an interrupted
+    # start launched is stopped too (a head node, the Spark job server and its threads)
+    with _sigterm_as_interrupt() as install_again:
+        try:
+            with (stage("cluster", timings, "Ray: start (on Spark) or connect"),
+                  ray_on_spark_output_logged(started), sigterm_kept_by_ray_init(install_again)):
+                cluster = start_ray(config, spark)
             yield cluster
+        finally:
+            stop_ray(cluster)
+            stop_ray_on_spark(started)
+
+
+def spark_session(config: SparkConfig | None = None) -> SparkSession:
+    """The SparkSession that reads the source: the active one, or a new one on the
+    master ``config`` (or the environment) names, else local."""
+    config = config or SparkConfig()
+    return active_spark() or local_spark_session(master=config.master, conf=config.conf)
+
+
+# ------------------------------------------- Ray on Spark's output, and stopping what it started
+
+#: The loggers of what Ray on Spark prints as it starts (the run's log keeps them, as the
+#: ``ray`` logger's children): its head node's output (``ray start``, the head's lines
+#: until it stops) and what the driver prints while it waits for the worker nodes (the
+#: autoscaler's events, "Adding 1 node(s) of type ray.worker.").
+HEAD_NODE_LOG = "ray.util.spark.head"
+DRIVER_LOG = "ray.util.spark.driver"
+#: Seconds Ray on Spark's head node has to exit once told to stop (``ray start`` stops its
+#: processes, then ``start_ray_node`` removes its temp dir); then what is left is killed.
+HEAD_EXIT_S = 10.0
+_COLOURS = re.compile(r"\x1b\[[0-9;]*m")
+
+
+@dataclass
+class RayOnSparkStart:
+    """What ``setup_ray_cluster`` launched in this process, kept to stop it after an
+    interrupted start: the head node's process (a process group of its own), the thread
+    that logs its output, and the Spark job server (which starts the worker nodes)."""
+
+    head: Any = None  # subprocess.Popen
+    reader: threading.Thread | None = None
+    job_server: Any = None
+
+
+class _LinesToLog:
+    """A text stream whose lines go to a logger (INFO), without terminal colours."""
+
+    def __init__(self, logger: logging.Logger) -> None:
+        self._logger, self._pending = logger, ""
+
+    def write(self, text: str) -> int:
+        *lines, self._pending = (self._pending + text).split("\n")
+        for line in lines:
+            if line.strip():
+                self._logger.info(_COLOURS.sub("", line.rstrip()))
+        return len(text)
+
+    def flush(self) -> None:
+        """Log a last line without its newline."""
+        if self._pending:
+            self.write("\n")
+
+
+@contextlib.contextmanager
+def ray_on_spark_output_logged(started: RayOnSparkStart | None = None
+                               ) -> Iterator[RayOnSparkStart]:
+    """Within: Ray on Spark's head node writes its output into a pipe, whose lines a
+    daemon thread logs to HEAD_NODE_LOG, not to this process' stdout (``ray start``'s
+    lines, then the head's until it stops); what Ray prints on the driver while it waits
+    for the worker nodes (the autoscaler's events) goes to DRIVER_LOG. So a run's log
+    keeps them in the Python API (a notebook's output is no file descriptor to redirect)
+    as in the CLI. What is launched is recorded in ``started`` (yielded), for
+    ``stop_ray_on_spark``. A Ray without these functions is left as it is."""
+    started = started if started is not None else RayOnSparkStart()
+    try:
+        from ray._private import worker
+        from ray.autoscaler._private.spark import spark_job_server
+        from ray.util.spark import cluster_init
+    except ImportError:  # pragma: no cover - Ray on Spark always has them
+        yield started
+        return
+    start_head = getattr(cluster_init, "_start_ray_head_node", None)
+    start_server = getattr(spark_job_server, "_start_spark_job_server", None)
+    print_logs = getattr(worker, "print_worker_logs", None)
+    driver = _LinesToLog(logging.getLogger(DRIVER_LOG))
+
+    def head_logged(command: list[str], synchronous: bool, extra_env: dict[str, str]):
+        if synchronous:
+            return start_head(command, synchronous, extra_env)
+        started.head, tail, started.reader = _start_head_logged(command, extra_env)
+        return started.head, tail
+
+    def server_kept(*args: Any, **kwargs: Any) -> Any:
+        started.job_server = start_server(*args, **kwargs)
+        return started.job_server
+
+    def printed_to_log(data: dict, print_file: Any, *args: Any, **kwargs: Any) -> None:
+        print_logs(data, driver, *args, **kwargs)
+
+    patched = [(module, name, old, new) for module, name, old, new in (
+        (cluster_init, "_start_ray_head_node", start_head, head_logged),
+        (spark_job_server, "_start_spark_job_server", start_server, server_kept),
+        (worker, "print_worker_logs", print_logs, printed_to_log),
+    ) if callable(old)]
+    for module, name, _, new in patched:
+        setattr(module, name, new)
+    try:
+        yield started
     finally:
-        stop_ray(cluster)
+        for module, name, old, _ in patched:
+            setattr(module, name, old)
+        driver.flush()
 
 
-def spark_session() -> SparkSession:
-    """The SparkSession that reads the source: the active one, or a new local one."""
-    return active_spark() or local_spark_session()
+def _start_head_logged(command: list[str], extra_env: dict[str, str]
+                       ) -> tuple[Any, Any, threading.Thread]:
+    """Ray on Spark's ``_start_ray_head_node`` (its own process group, which a notebook's
+    interrupt does not reach), its output read by a daemon thread into HEAD_NODE_LOG: the
+    process, its last 100 lines (Ray's error message quotes them) and the thread."""
+    import collections
+    import subprocess
+
+    process = subprocess.Popen(command, env={**os.environ, **extra_env}, text=True,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               process_group=0)
+    tail: collections.deque[str] = collections.deque(maxlen=100)
+    logger = logging.getLogger(HEAD_NODE_LOG)
+
+    def read() -> None:
+        for line in process.stdout:
+            tail.append(line)
+            if line.strip():
+                logger.info(_COLOURS.sub("", line.rstrip()))
+
+    reader = threading.Thread(target=read, name="raybricks-ray-head-output", daemon=True)
+    reader.start()
+    return process, tail, reader
+
+
+def stop_ray_on_spark(started: RayOnSparkStart | None = None, wait: float = HEAD_EXIT_S
+                      ) -> None:
+    """Shut Ray on Spark down as this process started it: the active cluster
+    (``shutdown_ray_cluster``) or, given ``started``, what that start launched: the
+    active cluster if it is that one, else what the interrupted start left, its Spark job
+    server (whose shut-down cancels the worker nodes' Spark jobs: their slots come back
+    and their ``start_ray_node`` stops them) and its head node. Then wait up to ``wait``
+    seconds for the head node to exit, kill what is left of its process group, and let
+    its last lines be logged. Idempotent."""
+    if started is not None and started.head is None and started.job_server is None:
+        return  # nothing launched (another mode, or a start that failed before)
+    from ray.util.spark import cluster_init
+
+    active = getattr(cluster_init, "_active_ray_cluster", None)
+    if started is None:
+        started, head = RayOnSparkStart(), getattr(active, "head_proc", None)
+    else:
+        head = started.head
+    if active is not None and head is not None and active.head_proc is head:
+        with contextlib.suppress(Exception):
+            cluster_init.shutdown_ray_cluster()
+    else:
+        server = started.job_server
+        stopped = getattr(server, "_BaseServer__is_shut_down", None)  # socketserver's
+        if server is not None and not (stopped is not None and stopped.is_set()):
+            with contextlib.suppress(Exception):
+                server.shutdown()
+        if head is not None and head.poll() is None:
+            head.terminate()
+    if head is not None:
+        _head_exited(head, wait)
+    if started.reader is not None:  # its last lines, read once the head has exited
+        started.reader.join(timeout=2.0)
+
+
+def _head_exited(head: Any, wait: float) -> None:
+    """Wait for the head node's process to exit, then kill what is left of its process
+    group (Ray processes that ``ray start`` left behind); after ``wait`` seconds, kill
+    them all. A head reaped before is left alone (its pid may name another process)."""
+    import subprocess
+
+    if head.returncode is not None:
+        return
+    try:
+        group = os.getpgid(head.pid)  # an exited process not yet reaped has one too
+    except ProcessLookupError:
+        group = None
+    try:
+        head.wait(timeout=wait)
+    except subprocess.TimeoutExpired:
+        log.warning("Ray on Spark's head node was still running %.0f s after it was told "
+                    "to stop: killed", wait)
+    if group == head.pid and group != os.getpgrp():  # its own group, not this process'
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(group, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        head.wait(timeout=wait)
+
+
+@contextlib.contextmanager
+def sigterm_kept_by_ray_init(install: Callable[[], None]) -> Iterator[None]:
+    """Within: each ``ray.init`` on the main thread (also Ray on Spark's own, while it
+    waits for its worker nodes) is followed by ``install``, which sets the SIGTERM handler
+    again: ``ray.init`` sets one of its own (SystemExit), and its core worker another,
+    below Python's (it prints a stack trace and aborts the process, clean-up skipped)."""
+    import functools
+
+    import ray
+
+    init = ray.init
+
+    @functools.wraps(init)
+    def init_then_install(*args: Any, **kwargs: Any) -> Any:
+        context = init(*args, **kwargs)
+        if threading.current_thread() is threading.main_thread():
+            install()
+        return context
+
+    ray.init = init_then_install
+    try:
+        yield
+    finally:
+        ray.init = init

@@ -16,10 +16,12 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import signal
 import sys
+import threading
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TextIO
 
@@ -133,12 +135,19 @@ _verbose = False
 _log_files: list[logging.Handler] = []  # the file handlers of the logging_to blocks open
 
 
+#: ``extra=`` of a record for the log file only, never the terminal (a failure's traceback,
+#: which the CLI sums up in one message).
+LOG_ONLY = {"log_only": True}
+
+
 class TerminalHandler(logging.Handler):
-    """raybricks' own log records, on raybricks' terminal (as it is when they come)."""
+    """raybricks' own log records, on raybricks' terminal (as it is when they come), but
+    those logged with ``extra=LOG_ONLY``."""
 
     def __init__(self, level: int) -> None:
         super().__init__(level)
         self.setFormatter(logging.Formatter("%(levelname)s: %(message)s"))
+        self.addFilter(lambda record: not getattr(record, "log_only", False))
 
     def emit(self, record: logging.LogRecord) -> None:
         say(self.format(record))
@@ -232,3 +241,32 @@ def libraries_to(log_file: Path, verbose: bool = False) -> Iterator[Path]:
             if _terminal is not sys.stdout and _terminal is not None:
                 _terminal.close()
         _terminal, _verbose = None, False
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt() -> Iterator[Callable[[], None]]:
+    """SIGTERM raises KeyboardInterrupt in the block, so that clean-up runs as after
+    Ctrl-C; so does Ray's own SIGTERM exit (``ray.init`` installs a handler that raises
+    SystemExit(15)). Yields a function that installs the handler again (after
+    ``ray.init`` replaced it); the handler of before is restored at the end. Off the main
+    thread, which cannot set handlers, nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield lambda: None
+        return
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    def install() -> None:
+        signal.signal(signal.SIGTERM, interrupt)
+
+    previous = signal.getsignal(signal.SIGTERM)
+    install()
+    try:
+        yield install
+    except SystemExit as exc:
+        if exc.code != signal.SIGTERM:
+            raise
+        raise KeyboardInterrupt(f"signal {exc.code}") from exc
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)

@@ -177,7 +177,8 @@ def local_spark_session(
 ) -> SparkSession:
     """Return the active SparkSession, or start one ready for Ray on Spark.
 
-    The master is ``master``, else the one pyspark users name elsewhere
+    With ``SPARK_REMOTE`` set, the Spark Connect session it names. Else the master is
+    ``master``, else the one pyspark users name elsewhere
     (``requested_master``: ``SPARK_MASTER``, ``PYSPARK_SUBMIT_ARGS``, spark-defaults),
     else ``local[N]`` with ``cores`` slots. The local default is one slot per core plus
     one: Ray on Spark holds a slot for its worker node for as long as Ray runs, and Spark
@@ -187,6 +188,10 @@ def local_spark_session(
     existing = active_spark()
     if existing is not None:
         return existing
+    if os.environ.get("SPARK_REMOTE"):  # Spark Connect: pyspark refuses a master beside it
+        from pyspark.sql import SparkSession
+
+        return SparkSession.builder.getOrCreate()
     check_java()
     env = prepare_executor_environment()
     from pyspark.sql import SparkSession
