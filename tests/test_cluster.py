@@ -65,6 +65,11 @@ def test_ray_on_spark_runs_tasks_on_every_cpu(ray_on_spark, spark):
         return x * x
 
     assert ray.get([square.remote(i) for i in range(20)]) == [i * i for i in range(20)]
+    from ray.util.spark import cluster_init
+
+    if hasattr(cluster_init, "get_all_interfaces_ip"):  # Ray 2.37 binds every interface
+        dashboard = ray._private.worker._global_node.webui_url
+        assert dashboard.startswith("127.0.0.1:"), dashboard  # cluster.dashboard_host
 
 
 @pytest.mark.topology

@@ -313,6 +313,7 @@ def test_an_executor_killed_mid_training_loses_no_segment_and_resume_finishes_th
         "with a Ray worker node"), err[-3000:]
     assert f"the results so far are kept in {run_dir}" in err and "Traceback" not in err
     assert "rerun with --set training.resume=true --set training.run_id=lost\n" in err
+    assert "\nTo continue where it stopped: raybricks train --config " in err
     assert "registry:" not in out
 
     resumed = Train(tmp_path, [*command, "--set", "training.resume=true"], "resumed",

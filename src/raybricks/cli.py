@@ -202,7 +202,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from raybricks.errors import RaybricksError
+    from raybricks.errors import DataLostError, RaybricksError
 
     args = build_parser().parse_args(argv)
     args.log_file = args.resume = args.kept = None
@@ -216,7 +216,9 @@ def main(argv: list[str] | None = None) -> int:
             return interrupted(args)
         if isinstance(exc, RaybricksError):
             log = f"\nlog: {args.log_file}" if args.log_file else ""
-            print(f"raybricks {args.verb}: {exc}{log}", file=sys.stderr)
+            go_on = (f"\nTo continue where it stopped: {args.resume}"
+                     if isinstance(exc, DataLostError) and args.resume else "")
+            print(f"raybricks {args.verb}: {exc}{go_on}{log}", file=sys.stderr)
             return 2
         print(failure_paragraph(args, exc), file=sys.stderr)
         if args.verbose:

@@ -27,3 +27,12 @@ class WorkspaceError(RaybricksError):
 
 class SourceNotFound(DataError):
     """The source table or path does not exist (or is not reachable from here)."""
+
+
+class DataLostError(ClusterError):
+    """Blocks of the job's data were lost with a Ray node: the run is kept, and resuming
+    it (``training.resume``) trains the segments that have no result yet."""
+
+    def __init__(self, message: str, run_id: str) -> None:
+        super().__init__(message)
+        self.run_id = run_id

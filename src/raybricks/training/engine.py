@@ -48,7 +48,7 @@ from raybricks import console, kinds
 from raybricks.compat import thread_limiter
 from raybricks.config import JobConfig
 from raybricks.data import BlockSegments, SegmentedDataset, segment_bounds
-from raybricks.errors import ClusterError, ConfigError
+from raybricks.errors import ConfigError, DataLostError
 from raybricks.results import (
     FAILED,
     TRAINED,
@@ -71,15 +71,6 @@ from raybricks.training.segment import Plan
 log = logging.getLogger(__name__)
 
 FALLBACK_ROWS = 1_000_000
-
-
-class DataLostError(ClusterError):
-    """Blocks of the job's data were lost with a Ray node: the run is kept, and resuming
-    it (``training.resume``) trains the segments that have no result yet."""
-
-    def __init__(self, message: str, run_id: str) -> None:
-        super().__init__(message)
-        self.run_id = run_id
 
 
 # --------------------------------------------------------------------------- results
