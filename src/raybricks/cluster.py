@@ -505,11 +505,8 @@ def dashboard_bound(host: str) -> Iterator[None]:
     """Within: Ray on Spark binds the Ray dashboard to ``host`` instead of every
     interface (``0.0.0.0``, which it does not let a caller change). Ray versions that
     write the address literally (2.37) keep binding every interface."""
-    try:
-        from ray.util.spark import cluster_init
-    except ImportError:  # pragma: no cover - Ray on Spark always has it
-        yield
-        return
+    from ray.util.spark import cluster_init
+
     every_interface = getattr(cluster_init, "get_all_interfaces_ip", None)
     wait_service_up = getattr(cluster_init, "_wait_service_up", None)
     if every_interface is None or wait_service_up is None:
@@ -555,11 +552,8 @@ def head_start_polled(interval: float = 0.2) -> Iterator[None]:
     affected: worker nodes, started by Spark in other processes, keep the hold between
     them. Ray versions without these names are left alone.
     """
-    try:
-        from ray.util.spark import cluster_init
-    except ImportError:  # pragma: no cover - Ray on Spark always has it
-        yield
-        return
+    from ray.util.spark import cluster_init
+
     limit = getattr(cluster_init, "_RAY_HEAD_STARTUP_TIMEOUT", None)
     port_in_use = getattr(cluster_init, "is_port_in_use", None)
     if not isinstance(limit, int | float) or not callable(port_in_use):
@@ -667,17 +661,6 @@ def stop_ray(cluster: RayCluster | None) -> None:
 
 
 @contextlib.contextmanager
-def _sigterm_as_interrupt() -> Iterator[Callable[[], None]]:
-    """Turn SIGTERM (and Ray's SIGTERM exit) into KeyboardInterrupt for the block, so
-    clean-up still runs; yields the function that installs the handler again, as
-    ``console.sigterm_as_interrupt`` does."""
-    from raybricks.console import sigterm_as_interrupt
-
-    with sigterm_as_interrupt() as install:
-        yield install
-
-
-@contextlib.contextmanager
 def ray_cluster(
     config: ClusterConfig | None = None, spark: SparkSession | None = None,
     timings: dict[str, float] | None = None,
@@ -689,13 +672,13 @@ def ray_cluster(
     ...     cluster.num_cpus
     2
     """
-    from raybricks.console import stage
+    from raybricks.console import sigterm_as_interrupt, stage
 
     cluster: RayCluster | None = None
     started = RayOnSparkStart()
     # SIGTERM stops the block as Ctrl-C does, from the start of Ray on: what an interrupted
     # start launched is stopped too (a head node, the Spark job server and its threads)
-    with _sigterm_as_interrupt() as install_again:
+    with sigterm_as_interrupt() as install_again:
         try:
             with (stage("cluster", timings, "Ray: start (on Spark) or connect"),
                   ray_on_spark_output_logged(started), sigterm_kept_by_ray_init(install_again)):
@@ -820,13 +803,13 @@ def _start_head_logged(command: list[str], extra_env: dict[str, str]
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                process_group=0)
     tail: collections.deque[str] = collections.deque(maxlen=100)
-    logger = logging.getLogger(HEAD_NODE_LOG)
+    logged = _LinesToLog(logging.getLogger(HEAD_NODE_LOG))
 
     def read() -> None:
         for line in process.stdout:
             tail.append(line)
-            if line.strip():
-                logger.info(_COLOURS.sub("", line.rstrip()))
+            logged.write(line)
+        logged.flush()  # a last line without its newline
 
     reader = threading.Thread(target=read, name="raybricks-ray-head-output", daemon=True)
     reader.start()
