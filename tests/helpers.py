@@ -70,3 +70,12 @@ def fit_or_die_once(X, y, params):
         marker.write_text("died once")
         os._exit(1)
     return LinearRegression().fit(X[["x1"]], y)
+
+
+def fit_below_1000(X, y, params):
+    """A user model (kind=function) that refuses series with values above 1000."""
+    from sklearn.linear_model import LinearRegression
+
+    if np.nanmax(np.asarray(y, dtype="float64")) > 1000:
+        raise ValueError("values above 1000 refused")
+    return LinearRegression().fit(X, y)

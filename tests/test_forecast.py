@@ -24,10 +24,18 @@ from raybricks.errors import ConfigError, RaybricksError
 from raybricks.kinds.forecasting import conformal_offsets, interval_columns
 from raybricks.pipeline import validate
 from raybricks.results import FAILED, SKIPPED, TRAINED
-from raybricks.scoring import forecast, score
+from raybricks.scoring import (
+    REASON_CHARACTERS,
+    fetch_model,
+    forecast,
+    future_rows,
+    future_schema,
+    score,
+)
 from raybricks.segmented_model import SegmentModel
 from raybricks.training import train_segments
 from raybricks.training.forecast import (
+    backtestable,
     clean_series,
     cross_selected_errors,
     periods_per_week,
@@ -35,7 +43,8 @@ from raybricks.training.forecast import (
     train_series,
     windows,
 )
-from raybricks.training.segment import Evaluation, make_plan
+from raybricks.training.segment import make_plan
+from raybricks.training.selection import Evaluation
 from tests.test_registry import BLOCK_RAYBRICKS
 
 HORIZON = 7
@@ -45,6 +54,10 @@ MODELS = [
     {"name": "theta", "kind": "statsforecast", "estimator": "AutoTheta",
      "params": {"season_length": 7}},
 ]
+#: Quick statistical candidates (no lag model).
+FAST = [{"name": "ets", "kind": "statsforecast", "estimator": "AutoETS"},
+        {"name": "snaive", "kind": "statsforecast", "estimator": "SeasonalNaive",
+         "params": {"season_length": 7}}]
 START = pd.Timestamp("2024-01-01")
 
 
@@ -122,6 +135,10 @@ def plan_for(frame: pd.DataFrame, tmp_path, **changes):
      "list_supported_countries"),
     ({"forecast": {"horizon": 7, "frequency": "D", "holidays": {"before": 1}}},
      "names no holidays"),
+    ({"forecast": {"horizon": 7, "frequency": "D", "duplicates": "max"}},
+     "forecast.duplicates: Input should be 'skip', 'sum', 'mean' or 'last' \\(got 'max'\\)"),
+    ({"forecast": {"horizon": 7, "frequency": "D", "gaps": "fill"}},
+     "forecast.gaps: Input should be 'skip', 'zero' or 'forward'"),
 ])
 def test_inconsistent_forecast_configs_are_clear_errors(tmp_path, changes, message):
     with pytest.raises(ConfigError, match=message):
@@ -316,37 +333,86 @@ def test_direct_strategy_is_mlforecasts_one_model_per_step(tmp_path):
         :HORIZON])
 
 
+def with_values(values: np.ndarray, at: list[int], value: float) -> np.ndarray:
+    changed = values.copy()
+    changed[at] = value
+    return changed
+
+
+RISING = np.arange(60.0)  # the seasonal naive forecast of its next day is 53, the last 59
+#: name: frame, status, reason, forecast keys, what serves a skipped series next day
+#: (a value; "ets": AutoETS; None: nothing)
 CONDITIONS = {
-    "duplicate": (series("duplicate", np.arange(60.0)).pipe(
-        lambda f: pd.concat([f, f.iloc[[10]]])), SKIPPED, "duplicate dates"),
-    "offgrid": (series("offgrid", np.arange(60.0)).assign(
+    "duplicate": (series("duplicate", RISING).pipe(lambda f: pd.concat([f, f.iloc[[10]]])),
+                  TRAINED, "duplicate dates aggregated: 1 (sum)", {}, None),
+    "duplicate skip": (series("duplicate skip", RISING).pipe(
+        lambda f: pd.concat([f, f.iloc[[10]]])), SKIPPED, "duplicate dates: 1 date(s)",
+        {"duplicates": "skip"}, 53.0),
+    "offgrid": (series("offgrid", RISING).assign(
         day=lambda f: f.day + pd.Timedelta(hours=12) * (f.index == 5)),
-        SKIPPED, "do not follow frequency"),
-    "gaps": (series("gaps", np.arange(60.0)).drop(index=[20, 21]), SKIPPED, "gaps: 2"),
-    "short": (series("short", np.arange(25.0)), SKIPPED, "short series"),
-    "constant": (series("constant", np.full(60, 4.0)), SKIPPED, "constant series"),
-    "nulls": (series("nulls", np.full(60, np.nan)), SKIPPED, "no value"),
+        SKIPPED, "do not follow frequency", {}, 59.0),
+    "gaps": (series("gaps", RISING).drop(index=[20, 21]), SKIPPED,
+             "gaps: 2 of 60 periods have no value (set forecast.gaps: zero or forward to fill "
+             "them); served by its seasonal naive forecast (its last 7 periods repeated)",
+             {}, 53.0),
+    "late gap": (series("late gap", RISING).drop(index=[55]), SKIPPED,
+                 "served by its naive forecast (its last value; 4 complete period(s), fewer "
+                 "than a season of 7)", {}, 59.0),
+    "short": (series("short", RISING[:25]), SKIPPED, "short series: 25 periods; one "
+              "backtest window of 7 needs at least 27; served by AutoETS (season 7)", {},
+              "ets"),
+    "constant": (series("constant", np.full(60, 4.0)), SKIPPED, "constant series", {}, 4.0),
+    "nulls": (series("nulls", np.full(60, np.nan)), SKIPPED, "no value", {}, None),
+    "nulls forward": (series("nulls forward", np.full(60, np.nan)), SKIPPED, "no value",
+                      {"gaps": "forward"}, None),
+    "leading nulls": (series("leading nulls", with_values(RISING, [0, 1, 2], np.nan)),
+                      TRAINED, "leading empty periods dropped: 3 (the series starts at its "
+                      "first value, 2024-01-04", {"gaps": "forward"}, None),
+    "infinite": (series("infinite", with_values(RISING, [0, 1, 58, 59], np.inf)), TRAINED,
+                 "leading empty periods dropped: 2", {}, None),
     "intermittent": (series("intermittent", np.where(np.arange(60) % 5 == 0, 3.0, 0.0)),
-                     TRAINED, "intermittent"),
+                     TRAINED, "intermittent", {}, None),
 }
 
 
 @pytest.mark.parametrize("name", list(CONDITIONS))
 def test_data_conditions_end_skipped_or_trained_never_failed(tmp_path, name):
-    frame, status, reason = CONDITIONS[name]
-    plan = plan_for(frame, tmp_path, validation={"windows": 2})
+    frame, status, reason, keys, served = CONDITIONS[name]
+    plan = plan_for(frame, tmp_path, validation={"windows": 2},
+                    forecast={"horizon": HORIZON, "frequency": "D", "rolling": {"mean": [7]},
+                              "date_features": ["dayofweek"], **keys})
     row, members = train_series(frame.reset_index(drop=True), (name,), plan)
     assert row["status"] == status and row["status"] != FAILED
-    assert reason in (row["reason"] or "")
-    if status == SKIPPED and frame.sales.notna().any():
-        # served by its naive forecast: the last value, after its last date
-        last = frame.dropna().sort_values("day").iloc[-1]
-        future = pd.DataFrame({"store": name,
-                               "day": [last.day.floor("D") + pd.Timedelta(days=1)]})
-        if name == "offgrid":  # its last date is on the grid
-            future["day"] = [last.day + pd.Timedelta(days=1)]
-        assert SegmentModel.from_rows(members).predict(future)[0] == pytest.approx(
-            last.sales)
+    assert reason in (row["reason"] or ""), row["reason"]
+    if status == TRAINED:
+        return
+    if served is None:
+        assert members == []
+        return
+    # served: by its seasonal naive forecast where its last season is complete on the
+    # grid, else by its last value; after its last date with a value
+    last = frame.replace(np.inf, np.nan).dropna().sort_values("day").iloc[-1]
+    future = pd.DataFrame({"store": name, "day": [last.day + pd.Timedelta(days=1)]})
+    predicted = SegmentModel.from_rows(members).predict(future)[0]
+    if served == "ets":
+        assert [m["candidate"] for m in members] == ["auto_ets"] and np.isfinite(predicted)
+    else:
+        assert predicted == pytest.approx(served)
+
+
+def test_infinite_values_between_the_first_and_last_are_gaps(tmp_path):
+    frame = series("a", with_values(RISING, [0, 30, 59], np.inf))
+    for gaps, status in (("skip", SKIPPED), ("forward", TRAINED)):
+        plan = plan_for(frame, tmp_path, forecast={"horizon": HORIZON, "frequency": "D",
+                                                   "gaps": gaps})
+        row, _ = train_series(frame, ("a",), plan)
+        assert row["status"] == status
+        if gaps == "skip":
+            assert row["reason"].startswith("gaps: 1 of 58 periods have no value")
+        else:
+            assert row["reason"].split("; ")[::2] == [
+                "leading empty periods dropped: 1 (the series starts at its first value, "
+                "2024-01-02 00:00:00)", "gaps filled: 1 period(s) (forward)"]
 
 
 def test_a_frequency_that_fits_no_segment_is_refused_before_training(spark, tmp_path):
@@ -395,6 +461,112 @@ def test_gaps_filled_on_request(tmp_path):
                                                    "gaps": gaps})
         row, _ = train_series(frame, ("gaps",), plan)
         assert row["status"] == TRAINED and f"gaps filled: 2 period(s) ({gaps})" in row["reason"]
+
+
+def test_empty_periods_before_the_first_value_are_dropped_between_values_gaps(tmp_path):
+    # a monthly series whose first months have no value (issue #33: it failed with
+    # gaps: forward, which has nothing to fill them from)
+    months = pd.date_range("2019-01-01", periods=72, freq="MS")
+    rng = np.random.default_rng(4)
+    y = 100 + 10 * np.sin(2 * np.pi * np.arange(72) / 12) + rng.normal(size=72)
+    y[:5] = np.nan  # leading
+    y[40] = np.nan  # between values
+    y[71] = np.nan  # trailing
+    frame = pd.DataFrame({"store": "m", "day": months, "sales": y})
+    monthly = {"horizon": 12, "frequency": "MS", "gaps": "forward"}
+    ets = [{"name": "ets", "kind": "statsforecast", "estimator": "AutoETS",
+            "params": {"season_length": 12}}]
+    plan = plan_for(frame, tmp_path, models=ets, forecast=monthly)
+    cleaned = clean_series(frame, plan)
+    assert cleaned.frame.ds.iloc[0] == months[5] and cleaned.frame.ds.iloc[-1] == months[70]
+    assert cleaned.y[40 - 5] == y[39]  # forward
+    row, members = train_series(frame, ("m",), plan)
+    assert row["status"] == TRAINED, row["reason"]
+    assert row["reason"].split("; ") == [
+        "leading empty periods dropped: 5 (the series starts at its first value, "
+        "2019-06-01 00:00:00)",
+        "trailing empty periods dropped: 1 (the series ends at its last value, "
+        "2024-11-01 00:00:00)",
+        "gaps filled: 1 period(s) (forward)"]
+    future = pd.DataFrame({"store": "m", "day": [months[71]]})  # after its last value
+    assert np.isfinite(SegmentModel.from_rows(members).predict(future)).all()
+    # with gaps: skip the empty periods at the ends are not gaps: the one between is
+    row, _ = train_series(frame, ("m",), plan_for(frame, tmp_path, models=ets,
+                                                 forecast=monthly | {"gaps": "skip"}))
+    assert row["status"] == SKIPPED and row["reason"].startswith("gaps: 1 of 66 periods")
+
+
+def test_duplicate_dates_follow_forecast_duplicates(tmp_path):
+    from raybricks.training.segment import Skip
+
+    frame = series("d", 10 + np.arange(60.0) % 7)
+    assert (frame.sales[10], frame.sales[30]) == (13.0, 12.0)
+    # date 10 twice (13, then 100), date 30 twice (12, then empty)
+    twice = pd.concat([frame, frame.iloc[[10, 30]].assign(sales=[100.0, np.nan])])
+    assert forecast_job(tmp_path).forecast.duplicates == "sum"  # the default
+    for policy, expected in {"sum": 113.0, "mean": 56.5, "last": 100.0}.items():
+        plan = plan_for(twice, tmp_path, forecast={"horizon": HORIZON, "frequency": "D",
+                                                   "duplicates": policy})
+        cleaned = clean_series(twice, plan)
+        assert len(cleaned.y) == 60 and cleaned.y[10] == expected and cleaned.y[30] == 12.0
+        assert cleaned.notes == [f"duplicate dates aggregated: 2 ({policy})"]
+    plan = plan_for(twice, tmp_path, forecast={"horizon": HORIZON, "frequency": "D",
+                                               "duplicates": "skip"})
+    with pytest.raises(Skip, match="duplicate dates: 2 date\\(s\\) have more than one row"):
+        clean_series(twice, plan)
+    row, _ = train_series(twice, ("d",), plan_for(twice, tmp_path, models=FAST))
+    assert row["status"] == TRAINED and "duplicate dates aggregated: 2 (sum)" in row["reason"]
+
+
+def test_a_series_too_short_for_its_backtest_steps_down_a_ladder(tmp_path):
+    from raybricks.training.forecast import minimum_length
+
+    rng = np.random.default_rng(2)
+    t = np.arange(43)
+    y = 20 + 6 * np.sin(2 * np.pi * t / 7) + 0.2 * t + rng.normal(scale=0.3, size=43)
+    forecast_keys = {"horizon": HORIZON, "frequency": "D", "lags": [1, 7],
+                     "intervals": [80]}
+    plan = plan_for(series("a", y), tmp_path, forecast=forecast_keys)
+    assert [minimum_length(plan.forecast | {"windows": w}, 20) for w in (1, 2, 3)] == [
+        27, 34, 41]
+
+    def trained(n: int, **changes):
+        frame = series("a", y[:n])
+        row, members = train_series(frame, ("a",), plan_for(
+            frame, tmp_path, **({"forecast": forecast_keys} | changes)))
+        future = pd.DataFrame({"store": "a", "day": pd.date_range(
+            frame.day.iloc[-1] + pd.Timedelta(days=1), periods=HORIZON)})
+        model = SegmentModel.from_rows(members)
+        return row, members, model.predict(future), model.predict_intervals(future, [80])
+
+    # fewer backtest windows while the candidates' minimum fits
+    row, _, predicted, bounds = trained(36)
+    assert row["status"] == TRAINED and row["n_valid"] == 2 * HORIZON
+    assert row["reason"] == "short: 2 of 3 backtest windows (36 periods; 3 windows need 41)"
+    assert np.isfinite(bounds).all()  # two windows calibrate intervals
+    actual = y[36:43]
+    assert np.abs(predicted - actual).mean() < np.abs(y[35] - actual).mean() / 2
+    row, _, predicted, bounds = trained(28)
+    assert row["status"] == TRAINED and row["n_valid"] == HORIZON
+    assert row["reason"].startswith("short: 1 of 3 backtest windows (28 periods; 3 windows "
+                                    "need 41); no prediction intervals (they need 2 windows)")
+    assert np.isfinite(predicted).all() and np.isnan(bounds[:, 1:]).all()
+    # then AutoETS on the whole series, where the job has a statistical candidate
+    row, members, predicted, _ = trained(20)
+    assert row["status"] == SKIPPED and row["reason"] == (
+        "short series: 20 periods; one backtest window of 7 needs at least 27; served by "
+        "AutoETS (season 7) fitted on the whole series, without a backtest")
+    assert [m["candidate"] for m in members] == ["auto_ets"] and np.isfinite(predicted).all()
+    # then the seasonal naive forecast, then the last value
+    for n, changes in ((20, {"models": MODELS[:1]}), (10, {})):
+        row, _, predicted, _ = trained(n, **changes)
+        assert row["status"] == SKIPPED and row["reason"].endswith(
+            "served by its seasonal naive forecast (its last 7 periods repeated)")
+        np.testing.assert_allclose(predicted, y[n - 7:n])
+    row, _, predicted, _ = trained(5)
+    assert row["reason"].endswith("served by its naive forecast (its last value; 5 complete "
+                                  "period(s), fewer than a season of 7)")
+    np.testing.assert_allclose(predicted, y[4])
 
 
 def weekdays(start: str, end: str) -> pd.DataFrame:
@@ -575,6 +747,79 @@ def test_forecast_command_writes_every_segment_horizon(published, spark, tmp_pat
                  spark=spark)
 
 
+def test_forecast_and_score_name_the_segments_they_cannot_serve(ray_on_spark, spark,
+                                                                tmp_path, capsys):
+    rng = np.random.default_rng(8)
+    t = np.arange(50)
+    weekly = 20 + 5 * np.sin(2 * np.pi * t / 7)
+    data = pd.concat([
+        series("ok0", weekly + rng.normal(size=50)), series("ok1", weekly + rng.normal(size=50)),
+        series("boom", 5000 + weekly),  # its only candidate refuses it: failed
+        series("empty", np.full(50, np.nan)),  # no value: skipped, nothing serves it
+    ], ignore_index=True)
+    # naive timestamps: Spark reads them as TIMESTAMP_NTZ
+    data.to_parquet(tmp_path / "naive.parquet", coerce_timestamps="us")
+    source = spark.read.parquet(str(tmp_path / "naive.parquet"))
+    assert source.schema["day"].dataType.typeName() == "timestamp_ntz"
+    config = forecast_job(tmp_path, models=[{"name": "mine", "kind": "function",
+                                             "function": "tests.helpers.fit_below_1000"}],
+                          validation={"windows": 2}, registry={"name": "tests.forecast.unserved"})
+    result = train_segments(to_ray_dataset(source, ["store"]), config)
+    statuses = result.segments.set_index("store").status.to_dict()
+    assert statuses == {"ok0": TRAINED, "ok1": TRAINED, "boom": FAILED, "empty": SKIPPED}
+    tracking.publish(result, config)
+    uri = "models:/tests.forecast.unserved@champion"
+    capsys.readouterr()
+    assert main(["forecast", "--model", uri, "--output", str(tmp_path / "out")]) == 0
+    said = capsys.readouterr().out
+    assert "2 requested segment(s) not served (or not in every row):" in said
+    assert ("failed in training, without a model: 1, e.g. store='boom' (RuntimeError: every "
+            "candidate failed: mine: ValueError: values above 1000 refused") in said
+    assert ("skipped in training, without a model: 1, e.g. store='empty' (no value: the "
+            "target is empty") in said
+    written = pd.read_parquet(tmp_path / "out")
+    assert set(written.store) == {"ok0", "ok1"} and written.prediction.notna().all()
+    # the time column as the source typed it: naive timestamps stay naive
+    assert written.day.dtype.kind == "M" and written.day.dt.tz is None
+    assert (written.groupby("store").day.min() == data.day.max() + pd.Timedelta(days=1)).all()
+    # the segments asked for: one without a model, one the model does not know
+    pd.DataFrame({"store": ["ok0", "boom", "nowhere"]}).to_parquet(tmp_path / "some.parquet")
+    summary = forecast(uri, str(tmp_path / "some"), segments=str(tmp_path / "some.parquet"),
+                       spark=spark)
+    assert summary.rows == HORIZON and summary.unserved_segments == 2
+    examples = {u.reason: u.examples for u in summary.unserved}
+    assert examples["not in the model"] == ["store='nowhere'"]
+    [failed] = examples["failed in training, without a model"]
+    assert failed.startswith("store='boom' (RuntimeError: every candidate failed: mine: "
+                             "ValueError: values above 1000 refused")
+    assert failed.endswith("...)") and len(failed) == len("store='boom' ()") + REASON_CHARACTERS
+    # raybricks score: the rows of every requested segment, and rows a model does not answer
+    last = data.day.max()
+    rows = pd.DataFrame({"store": ["ok0", "ok0", "boom", "nowhere"],
+                         "day": [last + pd.Timedelta(days=1), last + pd.Timedelta(days=300),
+                                 last + pd.Timedelta(days=1), last + pd.Timedelta(days=1)]})
+    summary = score(uri, spark.createDataFrame(rows), str(tmp_path / "scored"), spark=spark)
+    assert summary.null_predictions == 3 and summary.unserved_segments == 3
+    assert [(u.reason, u.segments) for u in sorted(summary.unserved, key=lambda u: u.reason)
+            ] == [("failed in training, without a model", 1), ("not in the model", 1),
+                  ("served, but not every row: dates not among the periods it answers after "
+                   "the series' history", 1)]
+    assert "store='ok0'" in str(summary)
+    # dates stay dates, time-zone aware timestamps stay aware
+    local, manifest = fetch_model(uri)
+    assert manifest["forecast"]["time_type"] == "timestamp_ntz"
+    directory = local / "artifacts" / "segments"
+    first = last + pd.Timedelta(days=1)
+    for time_type, expected in (("date", first.date()), ("timestamp", first.tz_localize("UTC")),
+                                ("timestamp_ntz", first)):
+        typed = manifest | {"forecast": manifest["forecast"] | {"time_type": time_type}}
+        frame = spark.createDataFrame(future_rows(directory, typed, 2),
+                                      future_schema(directory, typed))
+        frame.write.mode("overwrite").parquet(str(tmp_path / time_type))
+        back = pd.read_parquet(tmp_path / time_type).sort_values(["store", "day"])
+        assert back.day.iloc[0] == expected and type(back.day.iloc[0]) is type(expected)
+
+
 def test_exogenous_columns_drive_the_forecast(ray_on_spark, spark, tmp_path):
     rng = np.random.default_rng(3)
     frames = []
@@ -711,7 +956,9 @@ def test_the_global_backtest_of_a_block_is_each_series_own(tmp_path):
     starts_late = data.store.isin(["s2", "s5"]) & (day < pd.Timedelta(days=9))
     data = data[~ends_early & ~starts_late]  # series of several lengths and ends
     short = series("short", np.arange(10.0), type="mall", area=0.0, promo=0.0)
-    data = pd.concat([data, short], ignore_index=True).sort_values(["store", "day"])
+    # two of the three backtest windows: the global model's of the last two
+    shorter = series("shorter", 20 + np.arange(36.0) % 7, type="mall", area=0.0, promo=0.0)
+    data = pd.concat([data, short, shorter], ignore_index=True).sort_values(["store", "day"])
     lgbm = {"name": "lgbm", "kind": "lightgbm",
             "params": {"n_estimators": 30, "num_leaves": 7, "min_child_samples": 5}}
     changes = {"models": [lgbm], "fallback": "global", "min_rows": 20,
@@ -726,10 +973,17 @@ def test_the_global_backtest_of_a_block_is_each_series_own(tmp_path):
     frame, bounds = data.reset_index(drop=True), list(segment_bounds(block, ["store"]))
     batched = gf.block_backtests(frame, bounds, plan)
     # one prediction per window for the block: each series' forecasts as its own, the
-    # series too short for a backtest left to its own training (which skips it)
-    assert set(batched) == {key for key, _, _ in bounds} - {("short",)}
+    # series too short for the backtest left to their own training
+    assert set(batched) == {key for key, _, _ in bounds} - {("short",), ("shorter",)}
+    start, end = next((s, e) for key, s, e in bounds if key == ("shorter",))
+    row, _ = train_series(frame.iloc[start:end], ("shorter",), plan)
+    assert row["status"] == TRAINED and row["reason"].startswith("short: 2 of 3 backtest")
+    assert np.isfinite(row["global_mase"]) and row["n_valid"] == 2 * HORIZON
+    _, shortened, _ = backtestable(frame.iloc[start:end], plan)
+    assert shortened.global_members == models[1:3]  # the windows at its windows' places
+    assert shortened.forecast["windows"] == 2 and plan.forecast["windows"] == 3
     for key, start, end in bounds:
-        if key == ("short",):
+        if key in {("short",), ("shorter",)}:
             continue
         own = clean_series(frame.iloc[start:end], plan)
         origins = windows(len(own.frame), plan.forecast)
@@ -753,3 +1007,35 @@ def test_a_global_model_that_cannot_fit_says_why(tmp_path):
                              "y": [1.0, 2.0], "type": "mall"})
     models, error = fit_global(config.models[0], plan, two_rows)
     assert models == [] and error
+
+
+def test_the_manifest_records_the_time_columns_type(tmp_path):
+    from raybricks.training.forecast import forecast_manifest
+
+    frame = series("a", RISING)
+    plan = plan_for(frame, tmp_path)
+    found = {}
+    for kind in (pa.date32(), pa.timestamp("us", tz="UTC"), pa.timestamp("us"), pa.int64()):
+        schema = pa.schema([("store", pa.string()), ("day", kind), ("sales", pa.float64())])
+        found[str(kind)] = forecast_manifest(plan, schema)["time_type"]
+    assert found == {"date32[day]": "date", "timestamp[us, tz=UTC]": "timestamp",
+                     "timestamp[us]": "timestamp_ntz", "int64": "integer"}
+
+
+def test_validate_reports_duplicate_dates_before_training(spark, tmp_path):
+    frames = [series(f"s{i}", np.arange(40.0)) for i in range(3)]
+    source = tmp_path / "twice.parquet"
+
+    def described(frame, **forecast):
+        frame.to_parquet(source, coerce_timestamps="us")
+        config = forecast_job(tmp_path, source={"path": str(source)},
+                              forecast={"horizon": 3, "frequency": "D"} | forecast)
+        return validate(config, spark).describe()
+
+    twice = pd.concat([*frames, frames[1].iloc[[9, 5, 5]]], ignore_index=True)
+    assert ("duplicate dates: 1 of 3 series have dates with more than one row (2 such "
+            "date(s) in all; e.g. store='s1' on 2024-01-06 00:00:00); forecast.duplicates: "
+            "sum adds each such date's targets into one value") in described(twice)
+    assert "forecast.duplicates: skip skips those series (set forecast.duplicates: sum, " \
+        "mean or last to keep them)" in described(twice, duplicates="skip")
+    assert "duplicate dates: none" in described(pd.concat(frames))

@@ -98,8 +98,9 @@ def test_model_is_stored_compactly_in_native_formats(shops_publication, tmp_path
     assert local and {p.name for p in segments.iterdir()} == {
         "manifest.json", "index.parquet", "models-00000.parquet", "fallback.parquet"}
     members = pq.read_table(segments / "models-00000.parquet").to_pandas()
-    assert set(members.kind) == {"sklearn", "xgboost"}
-    assert set(members.store) == {f"s{i}" for i in range(8)}
+    # the constant store is served by its constant (a baseline member)
+    assert set(members.kind) == {"sklearn", "xgboost", "baseline"}
+    assert set(members.store) == {f"s{i}" for i in range(8)} | {"constant"}
     requirements = (tmp_path / "requirements.txt").read_text().split()
     names = sorted(r.split("==")[0] for r in requirements)
     assert names == ["mlflow", "numpy", "pandas", "pyarrow", "scikit-learn", "xgboost"]
@@ -173,7 +174,7 @@ def test_unknown_segments_without_fallback_get_null_and_a_counted_warning(
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         result = store.predict(frame)
-    assert packaged.with_model == 8
+    assert packaged.with_model == 9  # 8 trained, the constant store by its constant
     assert result.values.iloc[10:].isna().all() and result.values.iloc[:10].notna().all()
     assert list(result.status[:10]) == ["trained"] * 10
     assert set(result.status[10:]) == {"unknown"}
@@ -241,7 +242,8 @@ def test_segment_store_reads_only_needed_row_groups_and_bounds_its_cache(
         stores = set(group.read_row_group(row.row_group).column("store").to_pylist())
         assert row.store in stores
     members = pq.read_table(tmp_path / "segments" / "models-00000.parquet")
-    assert members.num_rows == 5 * 2  # 5 segments x 2 members: none split off elsewhere
+    # 5 segments, one the constant store (1 member), the rest 2 members: none split off
+    assert members.num_rows == 4 * 2 + 1
     store = SegmentStore(tmp_path / "segments", cache_segments=2)
     frame = helpers.shops()
     first = store.predict(frame[frame.store.isin(["s0", "s1", "s6"])])

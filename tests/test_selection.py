@@ -12,9 +12,12 @@ import pyarrow as pa
 import pytest
 
 from raybricks import tracking
+from raybricks.config import CandidateConfig
 from raybricks.data import to_ray_dataset
+from raybricks.segmented_model import SegmentModel
 from raybricks.training import train_segments
-from raybricks.training.segment import make_plan, make_splits, train_segment
+from raybricks.training.segment import make_plan, make_splits, replace_plan, train_segment
+from raybricks.training.selection import Evaluation, select, summarize
 from tests.test_training import job
 
 RIDGE = [{"name": "ridge", "kind": "sklearn", "estimator": "sklearn.linear_model.Ridge",
@@ -65,11 +68,19 @@ def test_each_kind_of_segment_chooses_what_should_win(selected):
     winner = rows.chosen.map(lambda c: json.loads(c)[0])
     share = {g: (winner[group == g] == want).mean()
              for g, want in (("tiny", "global"), ("noise", "baseline"), ("local", "local:ridge"))}
-    assert share["tiny"] >= 0.6 and share["noise"] >= 0.6 and share["local"] == 1.0, share
-    # what won is never worse than the local candidate on the same validation rows
-    assert (rows.metric_rmse <= rows.ridge_rmse + 1e-12).all()
-    assert (rows.metric_rmse <= rows.baseline_rmse + 1e-12).all()
-    assert (rows.metric_rmse <= rows.global_rmse + 1e-12).all()
+    # tiny segments validate on 2 rows: the global model must beat the baseline clearly
+    # there (the noise rule), so it serves only most of them
+    assert share["tiny"] > 0.5 and share["noise"] >= 0.6 and share["local"] == 1.0, share
+    # a local model won only where it beat both references on the validation rows
+    local = winner == "local:ridge"
+    assert (rows.ridge_rmse[local] < rows[["baseline_rmse", "global_rmse"]][local].min(axis=1)
+            ).all()
+    # the reported metric is the selection's cross-fitted estimate, not the winner's own
+    # validation score: less flattering on the segments where luck could pick
+    own = rows.apply(lambda r: r[f"{json.loads(r.chosen)[0].removeprefix('local:')}_rmse"],
+                     axis=1)
+    assert (rows.metric_rmse != own).any()
+    assert rows.metric_rmse[group == "tiny"].median() > own[group == "tiny"].median()
     assert "chosen: " in result.summary() and " global" in result.summary()
 
 
@@ -84,7 +95,8 @@ def test_local_only_keeps_ranking_the_candidates_alone(selected, tmp_path):
     # the same splits: the local candidate scores the same; the selection never does worse
     np.testing.assert_allclose(both.ridge_rmse, both.ridge_rmse_all)
     tiny = both[both.index.str.startswith("tiny")]
-    assert tiny.metric_rmse_all.median() < 0.8 * tiny.metric_rmse.median()
+    # what selection adds there: the global model does far better than the local one
+    assert tiny.global_rmse.median() < 0.8 * tiny.ridge_rmse.median()
 
 
 def test_registered_model_predicts_each_segment_with_its_choice(selected, tmp_path):
@@ -93,7 +105,7 @@ def test_registered_model_predicts_each_segment_with_its_choice(selected, tmp_pa
     model = mlflow.pyfunc.load_model(f"models:/tests.selection.model/{publication.version}")
     run = mlflow.get_run(publication.run_id)
     counts = {k: v for k, v in run.data.metrics.items() if k.startswith("segments_chose_")}
-    assert counts["segments_chose_global"] >= 180 and counts["segments_chose_baseline"] >= 7
+    assert counts["segments_chose_global"] >= 150 and counts["segments_chose_baseline"] >= 7
     frame = data.sample(frac=1.0, random_state=1).reset_index(drop=True)
     predicted = np.asarray(model.predict(frame), dtype=float)
     store = model.unwrap_python_model().store
@@ -236,7 +248,9 @@ def test_a_blend_with_the_global_model_predicts_its_weighted_mean(selected, tmp_
     rows = result.segments.set_index("seg")
     blended = rows[rows.chosen.str.contains("global") & (rows.chosen.map(
         lambda c: len(json.loads(c))) == 3)]
-    assert len(blended) >= 100
+    # blends with a local member, kept where they beat the references clearly (not on
+    # most 10-row segments: there the better reference alone serves)
+    assert len(blended) >= 30
     members = result.models().to_pandas()
     assert set(members.kind) == {"sklearn", "baseline", "global"}
     assert (members.loc[members.kind == "global", "payload"].map(len) == 0).all()
@@ -296,3 +310,66 @@ def test_a_large_segment_of_noise_chooses_its_baseline_through_ray_train(
     (member,) = result.models().to_pylist()
     assert member["kind"] == "baseline"  # refitted on all rows: the segment's mean
     assert json.loads(member["payload"]) == pytest.approx([noise.y.mean()])
+
+
+def scored(name: str, y: np.ndarray, predictions: np.ndarray) -> Evaluation:
+    from raybricks.metrics import rmse
+
+    return Evaluation(CandidateConfig(name=name, kind="baseline"), {}, rmse(y, predictions),
+                      predictions)
+
+
+def test_a_local_candidate_replaces_the_reference_only_when_clearly_better():
+    plan = make_plan(job("/tmp/unused", features=["x1"], time_column=None, models=RIDGE),
+                     pa.schema([("store", pa.string()), ("x1", pa.float64()),
+                                ("y", pa.float64())]))
+    rng = np.random.default_rng(0)
+    y = rng.normal(size=12)
+    reference = scored("baseline", y, np.zeros(12))
+    # noise (worse than the reference on new rows) that happens to beat it on these 12:
+    # within the noise of the comparison, so the reference serves
+    lucky = next(e for e in (scored("ridge", y, rng.normal(scale=0.3, size=12))
+                             for _ in range(1000)) if e.value < reference.value)
+    assert [e.candidate.name for e, _ in select([lucky, reference], y, plan)] == ["baseline"]
+    # far better: it serves
+    good = scored("ridge", y, y + rng.normal(scale=0.1, size=12))
+    assert [e.candidate.name for e, _ in select([good, reference], y, plan)] == ["ridge"]
+    # margin 0 keeps the old rule: the best validation score wins, luck included
+    eager = replace_plan(plan, margin=0.0)
+    assert [e.candidate.name for e, _ in select([lucky, reference], y, eager)] == ["ridge"]
+
+
+def test_the_reported_metric_is_not_the_winners_flattering_score():
+    """Twenty candidates that are noise, on 200 segments: the best of them on its
+    validation rows looks better than any is (the winner's own score is optimistic by
+    construction); the cross-fitted estimate of the selection is not."""
+    plan = replace_plan(make_plan(
+        job("/tmp/unused", features=["x1"], time_column=None, models=RIDGE),
+        pa.schema([("store", pa.string()), ("x1", pa.float64()), ("y", pa.float64())])),
+        margin=0.0)
+    rng = np.random.default_rng(1)
+    own, honest, truth = [], [], []
+    for _ in range(200):
+        y = rng.normal(size=30)
+        candidates = [scored(f"c{i}", y, rng.normal(scale=0.5, size=30)) for i in range(20)]
+        row = {}
+        chosen = summarize(row, candidates, y, np.zeros(30), plan)
+        own.append(chosen[0][0].value)
+        honest.append(row["metric_rmse"])
+        truth.append(np.sqrt(1 + 0.25))  # any of them on new rows: E[(y - p)^2] = 1.25
+    own, honest, truth = np.mean(own), np.mean(honest), np.mean(truth)
+    assert own < truth - 0.1  # the optimism the old report had
+    assert abs(honest - truth) < 0.05, (honest, truth)
+
+
+def test_a_constant_segment_is_served_by_its_constant_even_with_a_global_fallback(tmp_path):
+    frame = pd.DataFrame({"store": "s", "x1": np.arange(40.0), "y": 0.0})
+    config = job(tmp_path, features=["x1"], time_column=None, models=RIDGE,
+                 fallback="global", min_rows=10)
+    plan = make_plan(config, pa.Schema.from_pandas(frame, preserve_index=False))
+    row, members = train_segment(frame, ("s",), plan)
+    assert row["status"] == "skipped" and row["reason"].startswith("constant target")
+    (member,) = members
+    assert member["kind"] == "baseline"
+    model = SegmentModel.from_rows(members)
+    assert (model.predict(frame.head(3)) == 0.0).all()

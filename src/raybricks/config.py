@@ -191,8 +191,12 @@ class ForecastConfig(StrictModel):
     over the target lagged by ``rolling_lag``) and ``date_features`` are the features of
     the lag-model candidates (LightGBM, XGBoost, scikit-learn, CatBoost), which forecast
     recursively; ``transform`` applies to their target. ``exogenous``: columns known in
-    the future (forecasts need their future values); ``gaps``: what a missing date in a
-    series does (skip the series, or fill the target with zero or the previous value);
+    the future (forecasts need their future values); ``gaps``: what a missing date, or an
+    empty target, between a series' first and last values does (skip the series, or
+    fill the target with zero or the previous value; empty periods before the first
+    value and after the last are dropped); ``duplicates``: what a date with several rows
+    in a series does (``sum``: their targets added, the default; ``mean``; ``last``: the
+    last row's; ``skip`` the series);
     ``intervals``: levels (percent) of conformal prediction intervals, from the backtest's
     errors of each series' ensemble; ``strategy``: how lag models reach the horizon
     (``recursive``: one model, each forecast feeding the next step's lags; ``direct``:
@@ -215,6 +219,7 @@ class ForecastConfig(StrictModel):
     static: list[str] = Field(default_factory=list)
     transform: Literal["none", "difference", "log1p", "standardize"] = "none"
     gaps: Literal["skip", "zero", "forward"] = "skip"
+    duplicates: Literal["skip", "sum", "mean", "last"] = "sum"
     intervals: list[float] = Field(default_factory=list)
     strategy: Literal["recursive", "direct"] = "recursive"
     holidays: HolidaysConfig | None = None
@@ -354,6 +359,11 @@ class EnsembleConfig(StrictModel):
     #: (0.1: within 10%; a large value such as 100 keeps all ``top_k``). Default: 0.1 for
     #: task forecast (docs/forecasting.md); no limit for the other tasks.
     within: float | None = Field(default=None, ge=0)
+    #: A blend or model with a local candidate replaces the naive baseline or the global
+    #: model only when it beats the better of them by more than this many standard errors
+    #: of the paired loss differences on the validation rows (0: by any amount). Only
+    #: where they compete (``selection: all``); docs/training.md.
+    margin: float = Field(default=1.0, ge=0)
 
 
 class TrainingConfig(StrictModel):

@@ -94,6 +94,40 @@ def auc(y: np.ndarray, proba: np.ndarray) -> float:
     return float(np.mean(scores))
 
 
+def squared_errors(y: np.ndarray, pred: np.ndarray) -> np.ndarray:
+    return (y - pred) ** 2
+
+
+def absolute_errors(y: np.ndarray, pred: np.ndarray) -> np.ndarray:
+    return np.abs(y - pred)
+
+
+def percentage_errors(y: np.ndarray, pred: np.ndarray) -> np.ndarray:
+    """Absolute percentage errors; NaN where the actual is zero (mape leaves them out)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(y != 0, np.abs((y - pred) / np.where(y != 0, y, 1.0)), np.nan)
+
+
+def symmetric_errors(y: np.ndarray, pred: np.ndarray) -> np.ndarray:
+    denominator = np.abs(y) + np.abs(pred)
+    return np.where(denominator == 0, 0.0, 2 * np.abs(y - pred) / np.maximum(denominator, EPS))
+
+
+def log_losses(y: np.ndarray, proba: np.ndarray) -> np.ndarray:
+    return -np.log(np.clip(proba[np.arange(len(y)), y], 1e-15, 1.0))
+
+
+def misses(y: np.ndarray, proba: np.ndarray) -> np.ndarray:
+    return (np.argmax(proba, axis=1) != y).astype(float)
+
+
+def brier_scores(y: np.ndarray, proba: np.ndarray) -> np.ndarray:
+    """Each row's squared distance between its class probabilities and its class."""
+    truth = np.zeros_like(proba, dtype=float)
+    truth[np.arange(len(y)), y] = 1.0
+    return np.sum((proba - truth) ** 2, axis=1)
+
+
 def _missing(value: float | None) -> bool:
     return value is None or value != value  # None or NaN
 
@@ -111,6 +145,10 @@ class Metric:
     scaled: bool = False
     #: a signed metric whose best value is zero (bias): ranked by its absolute value
     signed: bool = False
+    #: each row's loss, whose mean orders predictions as the metric does; for a metric
+    #: that is not a mean over rows, a proper one of the same predictions (auc, f1: the
+    #: Brier score; bias: absolute errors). Paired tests compare predictions with it.
+    row_loss: Callable[[np.ndarray, np.ndarray], np.ndarray] = absolute_errors
 
     def score(self, y: np.ndarray, pred: np.ndarray) -> float:
         """The metric of predictions ``pred`` against actual values ``y``."""
@@ -171,6 +209,26 @@ class Metric:
             return False
         return self.loss(value) - self.loss(best) <= share * abs(self.loss(best)) + EPS
 
+    def differences(self, y: np.ndarray, pred: np.ndarray, reference: np.ndarray
+                    ) -> np.ndarray:
+        """Per-row loss differences of ``pred`` against ``reference`` (negative where
+        ``pred`` does better); rows without a value on either side (mape's zero actuals)
+        are left out."""
+        found = self.row_loss(y, pred) - self.row_loss(y, reference)
+        return found[np.isfinite(found)]
+
+    def clearly_better(self, y: np.ndarray, pred: np.ndarray, reference: np.ndarray,
+                       margin: float) -> bool:
+        """Whether ``pred`` beats ``reference`` on the same rows by more than ``margin``
+        standard errors of their paired loss differences (a one-sided paired test; with
+        ``margin`` 0, by any amount). Fewer than two comparable units: not shown."""
+        found = self.differences(y, pred, reference)
+        if len(found) < 2:
+            return margin == 0 and len(found) == 1 and found[0] < 0
+        mean = float(found.mean())
+        error = float(found.std(ddof=1)) / np.sqrt(len(found))
+        return mean < 0 and -mean > margin * error
+
     def weights(self, values: Sequence[float | None]) -> list[float]:
         """Weights of a weighted ensemble, summing to one: proportional to the metric
         where larger is better, to its inverse where smaller is (clipped at ``EPS``; a
@@ -190,18 +248,28 @@ _FORECAST = frozenset({"forecast"})
 METRICS: dict[str, Metric] = {
     m.name: m
     for m in (
-        Metric("rmse", rmse, _REGRESSION, greater_is_better=False),
-        Metric("mae", mae, _REGRESSION, greater_is_better=False),
-        Metric("mape", mape, _REGRESSION, greater_is_better=False),
-        Metric("smape", smape, _REGRESSION, greater_is_better=False),
-        Metric("r2", r2, frozenset({"regression"}), greater_is_better=True),
-        Metric("mase", mae, _FORECAST, greater_is_better=False, scaled=True),
-        Metric("wape", wape, _FORECAST, greater_is_better=False),
-        Metric("bias", bias, _FORECAST, greater_is_better=False, signed=True),
-        Metric("logloss", logloss, _CLASSIFICATION, greater_is_better=False),
-        Metric("auc", auc, _CLASSIFICATION, greater_is_better=True),
-        Metric("accuracy", accuracy, _CLASSIFICATION, greater_is_better=True),
-        Metric("f1", f1, _CLASSIFICATION, greater_is_better=True),
+        Metric("rmse", rmse, _REGRESSION, greater_is_better=False,
+               row_loss=squared_errors),
+        Metric("mae", mae, _REGRESSION, greater_is_better=False,
+               row_loss=absolute_errors),
+        Metric("mape", mape, _REGRESSION, greater_is_better=False,
+               row_loss=percentage_errors),
+        Metric("smape", smape, _REGRESSION, greater_is_better=False,
+               row_loss=symmetric_errors),
+        Metric("r2", r2, frozenset({"regression"}), greater_is_better=True,
+               row_loss=squared_errors),
+        Metric("mase", mae, _FORECAST, greater_is_better=False, scaled=True,
+               row_loss=absolute_errors),
+        Metric("wape", wape, _FORECAST, greater_is_better=False,
+               row_loss=absolute_errors),
+        Metric("bias", bias, _FORECAST, greater_is_better=False, signed=True,
+               row_loss=absolute_errors),
+        Metric("logloss", logloss, _CLASSIFICATION, greater_is_better=False,
+               row_loss=log_losses),
+        Metric("auc", auc, _CLASSIFICATION, greater_is_better=True, row_loss=brier_scores),
+        Metric("accuracy", accuracy, _CLASSIFICATION, greater_is_better=True,
+               row_loss=misses),
+        Metric("f1", f1, _CLASSIFICATION, greater_is_better=True, row_loss=brier_scores),
     )
 }
 DEFAULT_METRIC: dict[str, str] = {

@@ -124,14 +124,56 @@ def check_frequency(df: DataFrame, config: JobConfig, spec: dict) -> None:
         raise ConfigError(problem)
 
 
+#: How a policy of ``forecast.duplicates`` treats a series' dates with several rows.
+DUPLICATES_POLICY = {
+    "sum": "adds each such date's targets into one value",
+    "mean": "averages each such date's targets",
+    "last": "keeps each such date's last row",
+    "skip": "skips those series (set forecast.duplicates: sum, mean or last to keep them)",
+}
+
+
+def duplicate_dates(df: DataFrame, config: JobConfig) -> str:
+    """Task forecast: which series of the source (as training reads it) have dates with
+    more than one row (how many series, of how many; how many such dates; the first
+    such series and date), and what ``forecast.duplicates`` will do with them. One
+    Spark job."""
+    from pyspark.sql import functions as F
+
+    keys, time = config.segment_by, config.time_column
+    per_date = df.where(F.col(time).isNotNull()).groupBy(*keys, time).agg(
+        F.count(F.lit(1)).alias("rows"))
+    repeated = F.col("rows") > 1
+    per_series = per_date.groupBy(*keys).agg(
+        F.count(F.when(repeated, True)).alias("dates"),
+        F.min(F.when(repeated, F.col(time))).alias("first"))
+    has = F.col("dates") > 0
+    found = per_series.agg(
+        F.count(F.lit(1)).alias("total"), F.count(F.when(has, True)).alias("series"),
+        F.sum("dates").alias("dates"),
+        F.min(F.when(has, F.struct(*[F.col(k) for k in keys], F.col("first"))))
+        .alias("example")).first()
+    policy = config.forecast.duplicates
+    if not found or not found["series"]:
+        return "duplicate dates: none (every series has one row per date)"
+    example = found["example"]
+    key = ", ".join(f"{k}={example[k]!r}" for k in keys)
+    return (f"duplicate dates: {found['series']} of {found['total']} series have dates with "
+            f"more than one row ({found['dates']} such date(s) in all; e.g. {key} on "
+            f"{example['first']}); forecast.duplicates: {policy} "
+            f"{DUPLICATES_POLICY[policy]}")
+
+
 @dataclass(frozen=True)
 class Validation:
     """What ``validate`` found: the config (with its defaults resolved) is valid, and the
-    source was checked (``source_columns``) or why not (``unchecked``)."""
+    source was checked (``source_columns``) or why not (``unchecked``); ``findings``:
+    what the source holds that training will act on (task forecast: duplicate dates)."""
 
     config: JobConfig
     source_columns: list[str] | None
     unchecked: str | None = None
+    findings: tuple[str, ...] = ()
 
     def describe(self) -> str:
         config = self.config
@@ -143,6 +185,7 @@ class Validation:
                          f"reads them: {', '.join(self.source_columns)}")
         else:
             lines.append(f"source not checked: {self.unchecked}")
+        lines.extend(self.findings)
         return "\n".join(lines)
 
 
@@ -150,7 +193,8 @@ def validate(config: JobConfig, spark: SparkSession | None = None, *, source: bo
              ) -> Validation:
     """Every check ``train`` makes before Ray starts, without starting Ray: the kinds,
     the registry name and (``source``) the source's columns, types and target where the
-    source can be read from here (also over Spark Connect, where ``train`` cannot run).
+    source can be read from here (also over Spark Connect, where ``train`` cannot run);
+    and, for task forecast, the series with duplicate dates (``duplicate_dates``).
     Raises ConfigError or DataError for what is wrong; a source that cannot be found is
     reported in the result, not raised."""
     check_job(config)
@@ -161,7 +205,9 @@ def validate(config: JobConfig, spark: SparkSession | None = None, *, source: bo
         found = read_source(config.source, spark)
     except SourceNotFound as exc:
         return Validation(config, None, str(exc))
-    return Validation(config, checked_source(config, found)[0].columns)
+    df = checked_source(config, found)[0]
+    findings = (duplicate_dates(df, config),) if config.task == "forecast" else ()
+    return Validation(config, df.columns, findings=findings)
 
 
 def reconcile(result: TrainingResult, source_segments: int) -> dict[str, int]:

@@ -27,7 +27,7 @@ import tempfile
 import time
 import warnings
 import zipfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -37,6 +37,7 @@ from raybricks.errors import DataError, RaybricksError
 from raybricks.kinds.forecasting import interval_columns
 from raybricks.segmented_model import (
     CLASSIFICATION,
+    INDEX,
     MANIFEST,
     NO_INTERVALS,
     SegmentStore,
@@ -65,9 +66,33 @@ _STORES: dict[tuple[str, int], SegmentStore] = {}
 _SHIPPING: Path | None = None  # this process' packed models (``shipping_directory``)
 
 
+#: How many segments a summary names for each reason they were not served.
+EXAMPLES = 5
+#: The longest training reason a summary quotes.
+REASON_CHARACTERS = 120
+#: Why a requested segment was not served: no row of it in the model's index.
+NOT_IN_MODEL = "not in the model"
+
+
+@dataclass
+class Unserved:
+    """Requested segments that got no prediction (or not in every row) for one
+    ``reason``: how many (``segments``) and a few of them (``examples``: the key, and
+    its reason in training where there is one)."""
+
+    reason: str
+    segments: int
+    examples: list[str]
+
+    def __str__(self) -> str:
+        more = ", ..." if self.segments > len(self.examples) else ""
+        return f"{self.reason}: {self.segments}, e.g. " + "; ".join(self.examples) + more
+
+
 @dataclass
 class ScoreSummary:
-    """What a scoring run wrote."""
+    """What a scoring run wrote; ``unserved``: the requested segments (the input's, or
+    those ``forecast`` was asked for) that got no prediction, by reason."""
 
     model_uri: str
     model_version: str | None
@@ -76,12 +101,22 @@ class ScoreSummary:
     status_counts: dict[str, int]
     null_predictions: int
     seconds: float
+    unserved: list[Unserved] = field(default_factory=list)
 
     def __str__(self) -> str:
         counts = ", ".join(f"{n} {s}" for s, n in sorted(self.status_counts.items()))
-        return (f"scored {self.rows} rows with {self.model_uri} (version "
+        text = (f"scored {self.rows} rows with {self.model_uri} (version "
                 f"{self.model_version}) into {self.output} in {self.seconds:.1f}s: {counts}; "
                 f"{self.null_predictions} without a prediction")
+        if not self.unserved:
+            return text + "\nevery requested segment served"
+        total = sum(u.segments for u in self.unserved)
+        return (text + f"\n{total} requested segment(s) not served (or not in every row):"
+                + "".join(f"\n  {u}" for u in self.unserved))
+
+    @property
+    def unserved_segments(self) -> int:
+        return sum(u.segments for u in self.unserved)
 
 
 def model_version_of(model_uri: str) -> str | None:
@@ -320,8 +355,12 @@ def fetch_model(model_uri: str) -> tuple[Path, dict]:
 def _score(model_uri: str, local: Path, manifest: dict, df: DataFrame, output: str | None,
            spark: SparkSession, probabilities: bool, cache_segments: int,
            partitions: int | None, start: float, intervals: bool = False,
-           rows: int | None = None) -> ScoreSummary | DataFrame:
-    """Score ``df`` (``rows`` of them, if known: the progress bar's total)."""
+           rows: int | None = None, missing: DataFrame | None = None
+           ) -> ScoreSummary | DataFrame:
+    """Score ``df`` (``rows`` of them, if known: the progress bar's total); the summary
+    names the segments that got no prediction, in the output or among ``missing``
+    (requested segments without a row in ``df``: their segment columns and
+    ``segment_status``)."""
     versions = library_version_problem(manifest, model_uri)
     if versions:  # once, here: not in every task that loads the model's members
         log.warning("%s", versions)
@@ -349,14 +388,22 @@ def _score(model_uri: str, local: Path, manifest: dict, df: DataFrame, output: s
     from pyspark.sql import functions as F
 
     written = read_source(source_of(output), spark)
-    unscored = (F.col("prediction").isNull() if "prediction" in written.columns
-                else F.lit(False))  # probabilities: a row is never without them
-    per_status = written.groupBy("segment_status").agg(
-        F.count("*").alias("rows"), F.sum(unscored.cast("long")).alias("nulls")).collect()
-    counts = {r["segment_status"]: r["rows"] for r in per_status}
-    nulls = sum(r["nulls"] or 0 for r in per_status)
+    first, kind = added[0]  # the prediction, or the first class' probability
+    column = F.col(f"`{first}`")
+    unscored = column.isNull() | (F.isnan(column) if kind == "double" else F.lit(False))
+    per_segment = written.groupBy(*segment_by, "segment_status").agg(
+        F.count("*").alias("rows"), F.sum(unscored.cast("long")).alias("nulls"))
+    per_status = per_segment.groupBy("segment_status").agg(
+        F.sum("rows").alias("rows"), F.sum("nulls").alias("nulls")).collect()
+    counts = {r["segment_status"]: int(r["rows"]) for r in per_status}
+    nulls = sum(int(r["nulls"] or 0) for r in per_status)
+    unserved_rows = per_segment.where(F.col("nulls") > 0).select(*segment_by, "segment_status")
+    if missing is not None:
+        unserved_rows = unserved_rows.unionByName(missing.select(*segment_by, "segment_status"))
+    unserved = unserved_segments(spark, unserved_rows, local / "artifacts" / "segments",
+                                 manifest)
     summary = ScoreSummary(model_uri, version, output, sum(counts.values()), counts, nulls,
-                           time.perf_counter() - start)
+                           time.perf_counter() - start, unserved)
     log.info("%s", summary)
     return summary
 
@@ -371,6 +418,8 @@ def forecast(
     columns), after each series' own last date: one row per segment and period with the
     time column and ``prediction`` (``intervals``: and the bounds ``lo_<level>``,
     ``hi_<level>``), written to ``output`` as ``score`` writes."""
+    from pyspark.sql import functions as F
+
     from raybricks.cluster import spark_session
 
     start = time.perf_counter()
@@ -390,21 +439,31 @@ def forecast(
     if not 0 < horizon <= spec["answers"]:
         raise RaybricksError(f"horizon {horizon} is outside 1..{spec['answers']}, the periods "
                              f"this model answers (trained horizon {spec['horizon']})")
-    future = future_rows(local / "artifacts" / "segments", manifest, horizon)
-    rows = spark.createDataFrame(future) if len(future) else spark.createDataFrame(
-        [], ", ".join(f"`{c}` string" for c in future.columns))
-    if segments is not None:
+    directory = local / "artifacts" / "segments"
+    segment_by = manifest["segment_by"]
+    future = future_rows(directory, manifest, horizon)
+    rows = spark.createDataFrame(future, future_schema(directory, manifest))
+    if segments is None:  # every segment of the model: those without one are missing
+        missing = no_model(spark, directory, segment_by)
+        missing = None if missing is None else missing.select(
+            *segment_by, F.col("status").alias("segment_status"))
+    else:
         wanted = segments if not isinstance(segments, str) else read_source(
             source_of(segments), spark)
-        keys = wanted.select(*manifest["segment_by"]).distinct()
-        rows = rows.join(keys, on=manifest["segment_by"], how="inner")
+        keys = wanted.select(*segment_by).distinct()
+        rows = rows.join(keys, on=segment_by, how="inner")
+        missing = keys.join(rows.select(*segment_by).distinct(), on=segment_by,
+                            how="left_anti").withColumn("segment_status",
+                                                        F.lit(None).cast("string"))
     return _score(model_uri, local, manifest, rows, output, spark, False, cache_segments,
-                  partitions, start, intervals, len(future) if segments is None else None)
+                  partitions, start, intervals, len(future) if segments is None else None,
+                  missing)
 
 
 def future_rows(directory: Path, manifest: dict, horizon: int) -> pd.DataFrame:
     """Per segment with a model, its next ``horizon`` periods: the segment columns and
-    the time column (typed as in training)."""
+    the time column (typed as in training: dates, timestamps in UTC with a time zone,
+    naive timestamps, integers; ``future_schema``)."""
     import pandas as pd
     import pyarrow.parquet as pq
 
@@ -427,7 +486,106 @@ def future_rows(directory: Path, manifest: dict, horizon: int) -> pd.DataFrame:
         lambda f: f.index.repeat(horizon)].reset_index(drop=True)
     times = [t for key in keys for t in paths[lasts[key]]]
     if spec["time_type"] == "date":
-        times = [t.date() for t in times]
-    frame[time_column] = pd.Series(times, dtype="object" if spec["time_type"] == "date"
-                                   else None)
+        frame[time_column] = pd.Series([t.date() for t in times], dtype="object")
+    elif spec["time_type"] == "integer":
+        frame[time_column] = pd.Series(times, dtype="int64")
+    else:  # the stored dates are UTC, naive
+        stamps = pd.Series(pd.DatetimeIndex(times, dtype="datetime64[ns]"))
+        frame[time_column] = (stamps.dt.tz_localize("UTC") if spec["time_type"] == "timestamp"
+                              else stamps)
     return frame
+
+
+def key_types(directory: Path, segment_by: list[str]) -> list:
+    """The Spark types of the segment columns, as the model's index holds them."""
+    import pyarrow.parquet as pq
+    from pyspark.sql import types as T
+    from pyspark.sql.pandas.types import from_arrow_type
+
+    schema = pq.read_schema(directory / INDEX)
+    return [T.StructField(k, from_arrow_type(schema.field(k).type, True)) for k in segment_by]
+
+
+def future_schema(directory: Path, manifest: dict):
+    """The Spark schema of ``future_rows``: the segment columns as the model's index
+    types them, the time column as the training source did (DATE; TIMESTAMP, with a
+    time zone; TIMESTAMP_NTZ, naive; BIGINT)."""
+    from pyspark.sql import types as T
+
+    spec = manifest["forecast"]
+    time_type = {"date": T.DateType(), "timestamp": T.TimestampType(),
+                 "timestamp_ntz": T.TimestampNTZType(),
+                 "integer": T.LongType()}[spec["time_type"]]
+    return T.StructType([*key_types(directory, manifest["segment_by"]),
+                         T.StructField(spec["time_column"], time_type)])
+
+
+def no_model(spark: SparkSession, directory: Path, segment_by: list[str]
+             ) -> DataFrame | None:
+    """The model's segments without a model of their own (failed, or skipped with nothing
+    to serve them): the segment columns, ``status`` and ``reason``; None when every
+    segment has one."""
+    import pandas as pd
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+    from pyspark.sql import types as T
+
+    index = pq.read_table(directory / INDEX, columns=[*segment_by, "status", "reason",
+                                                      "shard"])
+    index = index.filter(pc.less(index.column("shard"), 0))
+    if not index.num_rows:
+        return None
+    schema = T.StructType([*key_types(directory, segment_by),
+                           T.StructField("status", T.StringType()),
+                           T.StructField("reason", T.StringType())])
+    frame = index.select([*segment_by, "status", "reason"]).to_pandas()
+    return spark.createDataFrame(frame.astype(object).where(pd.notna(frame), None), schema)
+
+
+def unserved_segments(spark: SparkSession, segments: DataFrame, directory: Path,
+                      manifest: dict) -> list[Unserved]:
+    """Why each of ``segments`` (their segment columns and ``segment_status`` in the
+    model: requested segments that got no prediction in some or every row) was not
+    served, counted by reason with a few examples (one Spark job, with the model's
+    segments without a model: ``no_model``): failed or skipped in training (their
+    training reason), not in the model, or served but not in every row (a forecasting
+    model answers only the periods after each series' history)."""
+    from functools import reduce
+
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    segment_by = manifest["segment_by"]
+    unanswered = ("served, but not every row: dates not among the periods it answers "
+                  "after the series' history" if manifest.get("forecast")
+                  else "served, but not every row")
+    without = no_model(spark, directory, segment_by)
+    if without is None:
+        found = segments.withColumn("_status", F.lit(None).cast("string")).withColumn(
+            "_reason", F.lit(None).cast("string"))
+    else:
+        other = without.select(*[F.col(k).alias(f"_key{i}") for i, k in enumerate(segment_by)],
+                               F.col("status").alias("_status"),
+                               F.col("reason").alias("_reason"))
+        same = reduce(lambda a, b: a & b, [segments[k].eqNullSafe(other[f"_key{i}"])
+                                           for i, k in enumerate(segment_by)])
+        found = segments.join(other, same, "left")
+    why = (F.when(F.col("_status").isNotNull(),
+                  F.concat(F.col("_status"), F.lit(" in training, without a model")))
+           .when(F.coalesce(F.col("segment_status"), F.lit("unknown")) == "unknown",
+                 F.lit(NOT_IN_MODEL))
+           .otherwise(F.lit(unanswered)))
+    explained = found.select(*segment_by, why.alias("_why"), F.col("_reason"))
+    by_reason = Window.partitionBy("_why")
+    ranked = (explained.withColumn("_n", F.row_number().over(by_reason.orderBy(*segment_by)))
+              .withColumn("_total", F.count(F.lit(1)).over(by_reason))
+              .where(F.col("_n") <= EXAMPLES).collect())
+    grouped: dict[str, Unserved] = {}
+    for row in sorted(ranked, key=lambda r: (-r["_total"], r["_why"], r["_n"])):
+        entry = grouped.setdefault(row["_why"], Unserved(row["_why"], row["_total"], []))
+        key = ", ".join(f"{k}={row[k]!r}" for k in segment_by)
+        reason = row["_reason"]
+        if reason and len(reason) > REASON_CHARACTERS:
+            reason = reason[:REASON_CHARACTERS - 3] + "..."
+        entry.examples.append(f"{key} ({reason})" if reason else key)
+    return list(grouped.values())

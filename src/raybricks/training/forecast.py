@@ -34,22 +34,22 @@ from raybricks.training import global_forecast
 from raybricks.training.search import trial_settings
 from raybricks.training.segment import (
     GLOBAL,
-    Evaluation,
     Plan,
     Skip,
-    blended,
-    choose,
     key_row,
     member_row,
     result_for_error,
     stable_seed,
-    summarize,
 )
+from raybricks.training.selection import Evaluation, cross_fitted, summarize
 
 #: Rows of a stored series' model answer dates up to this many horizons ahead.
 HORIZONS_ANSWERED = 10
 #: A series whose values are zero this often is intermittent (reported, still trained).
 INTERMITTENT_ZEROS = 0.5
+#: The fewest periods AutoETS is fitted on without a backtest (a series too short for
+#: one backtest window); it also needs two seasons.
+UNSELECTED_MINIMUM = 10
 
 
 def forecast_spec(config: JobConfig) -> dict[str, Any]:
@@ -63,7 +63,8 @@ def forecast_spec(config: JobConfig) -> dict[str, Any]:
         "exogenous": list(forecast.exogenous), "transform": forecast.transform,
         "static": list(dict.fromkeys(forecast.static + (
             config.segment_by if config.global_segment_features else []))),
-        "gaps": forecast.gaps, "intervals": sorted(set(forecast.intervals)),
+        "gaps": forecast.gaps, "duplicates": forecast.duplicates,
+        "intervals": sorted(set(forecast.intervals)),
         "strategy": forecast.strategy,
         "holidays": None if forecast.holidays is None else {
             "country": forecast.holidays.country,
@@ -109,27 +110,49 @@ class Series:
         return self.frame[TARGET].to_numpy(dtype="float64")
 
 
+class Unfit(Skip):
+    """A series cleaned onto its grid that cannot be backtested as configured: constant,
+    negative values with ``transform: log1p``, or too short (``short``). ``series``:
+    the cleaned series, which serves it (``skipped_members``)."""
+
+    def __init__(self, reason: str, series: Series, short: bool = False) -> None:
+        super().__init__(reason)
+        self.series = series
+        self.short = short
+
+
 def clean_series(data: pd.DataFrame, plan: Plan) -> Series:
-    """The segment's rows as a series on the grid of its frequency; Skip for what
-    cannot be forecast (duplicate dates, dates off the frequency, gaps with ``gaps:
-    skip``, too short, constant)."""
+    """The segment's rows as a series on the grid of its frequency: one row per date
+    (``forecast.duplicates``), from its first value to its last (empty periods before
+    and after them dropped, and noted), gaps between them as ``forecast.gaps`` says.
+    Skip for what cannot be forecast (no value, duplicate dates with ``duplicates:
+    skip``, dates off the frequency, gaps with ``gaps: skip``); Unfit for a series that
+    cannot be backtested as configured (constant, too short, ...)."""
     spec = plan.forecast
     exogenous = spec["exogenous"]
     frame = dated_rows(data, plan, exogenous)
     if frame.empty:
         raise Skip("no dates: the time column is null in every row")
-    duplicated = frame[TIME].duplicated()
-    if duplicated.any():
-        raise Skip(f"duplicate dates: {int(duplicated.sum())} date(s) appear more than once "
-                   f"(first {frame[TIME][duplicated].iloc[0]}); aggregate to one row per date")
+    frame, notes = one_row_per_date(frame, spec)
+    valued = np.flatnonzero(frame[TARGET].notna().to_numpy())
+    if not len(valued):
+        raise Skip(f"no value: the target is empty (null, NaN or infinite) in every one of "
+                   f"its {len(frame)} dated row(s)")
+    before, after = int(valued[0]), len(frame) - 1 - int(valued[-1])
+    frame = frame.iloc[valued[0]:valued[-1] + 1]
     first, last = frame[TIME].iloc[0], frame[TIME].iloc[-1]
+    if before:
+        notes.append(f"leading empty periods dropped: {before} (the series starts at its "
+                     f"first value, {first})")
+    if after:
+        notes.append(f"trailing empty periods dropped: {after} (the series ends at its "
+                     f"last value, {last})")
     grid = grid_of(frame[TIME], spec)
     if grid is None:
         raise Skip(f"dates do not follow frequency {spec['frequency']!r}: they are not every "
                    f"period from {first} (set forecast.frequency to the data's)")
     frame = frame.set_index(TIME).reindex(grid).rename_axis(TIME).reset_index()
     gaps = int(frame[TARGET].isna().sum())
-    notes = []
     if gaps:
         if spec["gaps"] == "skip":
             raise Skip(f"gaps: {gaps} of {len(frame)} periods have no value (set "
@@ -149,14 +172,11 @@ def clean_series(data: pd.DataFrame, plan: Plan) -> Series:
         if frame[exogenous].isna().any(axis=None):
             raise Skip(f"exogenous column(s) {exogenous} have no value in this series")
     y = frame[TARGET].to_numpy(dtype="float64")
-    needed = minimum_length(spec, plan.min_rows)
-    if len(y) < needed:
-        raise Skip(f"short series: {len(y)} periods; a backtest of {spec['windows']} "
-                   f"window(s) of {spec['horizon']} needs at least {needed}")
+    series = Series(frame, notes, static_values(data, plan))
     if y.min() == y.max():
-        raise Skip(f"constant series: every value is {y[0]!r} (served by its naive forecast)")
+        raise Unfit(f"constant series: every value is {float(y[0])!r}", series)
     if spec["transform"] == "log1p" and y.min() < 0:
-        raise Skip("negative values with forecast.transform=log1p")
+        raise Unfit("negative values with forecast.transform=log1p", series)
     end = spec.get("end")
     if end is not None:
         end = times_of(pd.Series([end]), spec)[0]
@@ -167,7 +187,38 @@ def clean_series(data: pd.DataFrame, plan: Plan) -> Series:
     zeros = float(np.mean(y == 0))
     if zeros >= INTERMITTENT_ZEROS:
         notes.append(f"intermittent: {zeros:.0%} of periods are zero")
-    return Series(frame, notes, static_values(data, plan))
+    needed = minimum_length(spec, plan.min_rows)
+    if len(y) < needed:
+        raise Unfit(f"short series: {len(y)} periods; a backtest of {spec['windows']} "
+                    f"window(s) of {spec['horizon']} needs at least {needed}", series,
+                    short=True)
+    return series
+
+
+def one_row_per_date(frame: pd.DataFrame, spec: dict[str, Any]
+                     ) -> tuple[pd.DataFrame, list[str]]:
+    """``frame`` (``dated_rows``) with one row per date, as ``forecast.duplicates`` says:
+    ``sum`` adds a date's targets, ``mean`` averages them, ``last`` keeps its last row's
+    (the last with a value); exogenous columns take the mean of the date's rows
+    (``last``: the last row's). Skip with ``skip``. Also the note saying so."""
+    repeated = frame[TIME].duplicated(keep=False)
+    if not repeated.any():
+        return frame, []
+    dates = frame[TIME][repeated].unique()
+    policy = spec["duplicates"]
+    if policy == "skip":
+        raise Skip(f"duplicate dates: {len(dates)} date(s) have more than one row (first "
+                   f"{dates[0]}; set forecast.duplicates: sum, mean or last to aggregate "
+                   "them)")
+    by_date = frame.groupby(TIME, sort=True)
+    if policy == "last":
+        merged = by_date.last()
+    else:
+        merged = by_date.mean()
+        if policy == "sum":
+            merged[TARGET] = by_date[TARGET].sum(min_count=1)
+    return (merged.reset_index()[frame.columns],
+            [f"duplicate dates aggregated: {len(dates)} ({policy})"])
 
 
 @lru_cache(maxsize=32)
@@ -246,9 +297,10 @@ def static_values(data: pd.DataFrame, plan: Plan) -> dict[str, Any]:
 
 def dated_rows(data: pd.DataFrame, plan: Plan, columns: list[str]) -> pd.DataFrame:
     """The segment's rows with a date, in time order: ``ds``, ``y`` and ``columns`` as
-    numbers (NaN where missing)."""
+    numbers (NaN where missing; an infinite target too)."""
+    target = pd.to_numeric(data[plan.target], errors="coerce").astype("float64")
     frame = pd.DataFrame({TIME: times_of(data[plan.time_column], plan.forecast),
-                          TARGET: pd.to_numeric(data[plan.target], errors="coerce")})
+                          TARGET: target.where(np.isfinite(target)).to_numpy()})
     for column in columns:
         frame[column] = pd.to_numeric(data[column], errors="coerce").to_numpy()
     return frame[frame[TIME].notna()].sort_values(TIME, kind="stable")
@@ -306,6 +358,15 @@ def minimum_length(spec: dict[str, Any], min_rows: int) -> int:
     (``min_rows``, and enough for the lags) plus every window's origin."""
     train = max(min_rows, memory(spec) + 10)
     return train + spec["horizon"] + spec["step"] * (spec["windows"] - 1)
+
+
+def fitting_windows(n: int, spec: dict[str, Any], min_rows: int) -> int:
+    """The most backtest windows, at most the configured ones, that a series of ``n``
+    periods fits (``minimum_length``); 0 when not even one does."""
+    for count in range(spec["windows"], 0, -1):
+        if n >= minimum_length(spec | {"windows": count}, min_rows):
+            return count
+    return 0
 
 
 def windows(n: int, spec: dict[str, Any]) -> list[int]:
@@ -390,19 +451,9 @@ def cross_selected_errors(evaluations: list[Evaluation], actual: np.ndarray, pla
     the selection picks on the other windows: errors of a choice made without the
     window, as the future's are (the chosen ensemble's own errors on the windows it was
     chosen on are optimistic, and under-cover)."""
-    metric = metrics.metric(plan.metric)
-    fitted = [e for e in evaluations if e.error is None]
-    window = np.arange(len(actual)) // plan.forecast["horizon"]
-    errors = []
-    for left_out in range(plan.forecast["windows"]):
-        others = window != left_out
-        rescored = [replace(e, value=metric.score(actual[others], e.predictions[others]))
-                    for e in fitted]
-        if not all(np.isfinite(e.value) for e in rescored):  # e.g. wape on zero windows
-            rescored = fitted  # no choice without the window: the one made with it
-        forecast = blended(choose(rescored, plan))
-        errors.append(np.abs(actual - forecast)[~others])
-    return np.stack(errors)
+    horizon = plan.forecast["horizon"]
+    window = np.arange(len(actual)) // horizon
+    return np.abs(actual - cross_fitted(evaluations, actual, window, plan)).reshape(-1, horizon)
 
 
 def member_meta(series: Series, plan: Plan, bounds: dict[str, Any] | None = None
@@ -441,11 +492,13 @@ def train_series(data: pd.DataFrame, key: tuple, plan: Plan,
                  ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Train one series (its rows as a frame; ``global_backtest``: the global model's
     backtest forecasts of it, when made for its whole block). Never raises: the result
-    row says trained, skipped (served by its naive forecast where it has values) or
-    failed."""
+    row says trained (on fewer backtest windows where it is too short for the
+    configured ones: ``backtestable``), skipped (served as ``skipped_members`` says,
+    where it has values) or failed."""
     start = time.perf_counter()
+    job = plan
     try:
-        series = clean_series(data, plan)
+        series, plan, global_backtest = backtestable(data, plan, global_backtest)
         spec = plan.forecast
         y = series.y
         origins = windows(len(y), spec)
@@ -462,7 +515,8 @@ def train_series(data: pd.DataFrame, key: tuple, plan: Plan,
         if plan.pool:  # selection all: the baseline competes
             evaluations.append(naive)
         row = key_row(plan, key, len(data))
-        chosen = summarize(row, evaluations, actual, naive.predictions, plan)
+        chosen = summarize(row, evaluations, actual, naive.predictions, plan,
+                           np.arange(len(actual)) // spec["horizon"])
         bounds = intervals(evaluations, actual, divisor, plan)
         members = [fitted_member(e.candidate, w, e.params, series, plan, key, bounds)
                    for e, w in chosen]
@@ -470,27 +524,132 @@ def train_series(data: pd.DataFrame, key: tuple, plan: Plan,
         if series.notes:
             row["reason"] = "; ".join(series.notes)
     except Exception as exc:  # noqa: BLE001 - a bad series never stops the job
-        row, members = result_for_error(exc, plan, key, len(data)), []
+        row, members = result_for_error(exc, job, key, len(data)), []
         if isinstance(exc, Skip):
-            members = naive_member(data, plan, key)
+            members, served = skipped_members(data, job, key, exc)
+            notes = exc.series.notes if isinstance(exc, Unfit) else []
+            row["reason"] = "; ".join([row["reason"], *([served] if served else []), *notes])
     row["fit_seconds"] = time.perf_counter() - start
     return row, members
 
 
-def naive_member(data: pd.DataFrame, plan: Plan, key: tuple) -> list[dict[str, Any]]:
-    """A skipped series' naive forecast (its last value, after its last date), so the
-    registered model still serves it; none when it has no dated value."""
-    frame = dated_rows(data, plan, []).dropna()
-    frame = frame[~frame[TIME].duplicated(keep="last")]
-    if frame.empty:
-        return []
-    for column in plan.forecast["exogenous"]:
-        frame[column] = 0.0  # the naive forecast reads no exogenous value
+def backtestable(data: pd.DataFrame, plan: Plan, global_backtest: np.ndarray | None = None
+                 ) -> tuple[Series, Plan, np.ndarray | None]:
+    """The series cleaned (``clean_series``), the plan it is backtested with and the
+    global model's backtest forecasts of it. A series too short for the configured
+    backtest windows gets a plan of as many as it fits, down to one (noted first in its
+    reason; with one window, no prediction intervals: they need two), each window the
+    one the job's backtest has at that place, the global model's too. Raises Unfit
+    (short) when not even one window fits."""
     try:
-        return [fitted_member(NAIVE, 1.0, {}, Series(frame.reset_index(drop=True), []),
-                              plan, key)]
+        return clean_series(data, plan), plan, global_backtest
+    except Unfit as unfit:
+        if not unfit.short:
+            raise
+        series, spec = unfit.series, plan.forecast
+        n, configured = len(series.frame), spec["windows"]
+        count = fitting_windows(n, spec, plan.min_rows)
+        if not count:
+            one = spec | {"windows": 1}
+            raise Unfit(f"short series: {n} periods; one backtest window of "
+                        f"{spec['horizon']} needs at least "
+                        f"{minimum_length(one, plan.min_rows)}", series, short=True) from None
+        note = (f"short: {count} of {configured} backtest windows ({n} periods; "
+                f"{configured} windows need {minimum_length(spec, plan.min_rows)})")
+        shortened = spec | {"windows": count}
+        if spec["intervals"] and count < 2:
+            shortened["intervals"] = []
+            note += "; no prediction intervals (they need 2 windows)"
+        series.notes.insert(0, note)
+        plan = replace(plan, forecast=shortened, folds=count,
+                       global_members=plan.global_members[-count:],
+                       global_token=f"{plan.global_token}/last {count}")
+        return series, plan, None  # the block's global backtests left it out
+
+
+def skipped_members(data: pd.DataFrame, plan: Plan, key: tuple, skip: Skip
+                    ) -> tuple[list[dict[str, Any]], str]:
+    """What serves a skipped series, so that the registered model still forecasts it,
+    and the note saying so: for a series too short for one backtest window, AutoETS
+    fitted on the whole series (``unselected_member``); else its seasonal naive
+    forecast where it has a season of complete periods, else its naive forecast
+    (``naive_members``); nothing without a dated value. The series is the cleaned one
+    where cleaning got that far (``Unfit``), else its last complete periods
+    (``served_history``)."""
+    series = skip.series if isinstance(skip, Unfit) else served_history(data, plan)
+    if series is None:
+        return [], ""
+    if isinstance(skip, Unfit) and skip.short:
+        found = unselected_member(series, plan, key)
+        if found is not None:
+            return found
+    return naive_members(series, plan, key)
+
+
+def served_history(data: pd.DataFrame, plan: Plan) -> Series | None:
+    """A skipped series' values for its naive forecasts: one per date (a date's rows
+    aggregated as ``forecast.duplicates`` says, the last with ``skip``), its periods on
+    the grid since its last missing one (its last value only when its dates are off the
+    grid); None without a dated value."""
+    spec = plan.forecast
+    policy = "last" if spec["duplicates"] == "skip" else spec["duplicates"]
+    frame, _ = one_row_per_date(dated_rows(data, plan, []), spec | {"duplicates": policy})
+    frame = frame.dropna(subset=[TARGET])
+    if frame.empty:
+        return None
+    grid = grid_of(frame[TIME], spec)
+    if grid is None:
+        frame = frame.iloc[-1:]
+    else:
+        frame = frame.set_index(TIME).reindex(grid).rename_axis(TIME).reset_index()
+        missing = np.flatnonzero(frame[TARGET].isna().to_numpy())
+        frame = frame.iloc[missing[-1] + 1 if len(missing) else 0:]
+    # the naive forecasts read no exogenous value
+    frame = frame.assign(**dict.fromkeys(spec["exogenous"], 0.0))
+    return Series(frame.reset_index(drop=True), [])
+
+
+def naive_members(series: Series, plan: Plan, key: tuple
+                  ) -> tuple[list[dict[str, Any]], str]:
+    """A skipped series' seasonal naive forecast (its last season repeated) where it has
+    a season of periods, else its naive forecast (its last value), after its last date;
+    and the note saying which. None when it cannot be fitted."""
+    spec = plan.forecast
+    season, n = spec["season_length"], len(series.frame)
+    if season > 1 and n >= season:
+        candidate = baselines(spec)[0]
+        note = f"served by its seasonal naive forecast (its last {season} periods repeated)"
+    else:
+        candidate = NAIVE
+        note = "served by its naive forecast (its last value" + (
+            f"; {n} complete period(s), fewer than a season of {season})" if season > 1
+            else ")")
+    try:
+        return [fitted_member(candidate, 1.0, candidate.params, series, plan, key)], note
     except Exception:  # noqa: BLE001 - nothing to serve: the reason stands
-        return []
+        return [], ""
+
+
+def unselected_member(series: Series, plan: Plan, key: tuple
+                      ) -> tuple[list[dict[str, Any]], str] | None:
+    """A series too short for one backtest window: AutoETS (the season from the spec)
+    fitted on the whole series, without a backtest or selection, where the job has a
+    statsforecast candidate and the series two seasons (and ``UNSELECTED_MINIMUM``
+    periods); and the note saying so. None otherwise, or when it cannot be fitted."""
+    spec = plan.forecast
+    season, n = spec["season_length"], len(series.frame)
+    statistical = kinds.resolve("statsforecast")
+    if n < max(2 * season, UNSELECTED_MINIMUM) or not any(
+            issubclass(kinds.forecaster_kind(c.kind), statistical) for c in plan.candidates):
+        return None
+    candidate = CandidateConfig(name="auto_ets", kind="statsforecast", estimator="AutoETS",
+                                params={"season_length": season})
+    try:
+        member = fitted_member(candidate, 1.0, candidate.params, series, plan, key)
+    except Exception:  # noqa: BLE001 - the naive forecasts serve it instead
+        return None
+    return [member], (f"served by AutoETS (season {season}) fitted on the whole series, "
+                      "without a backtest")
 
 
 def answered(spec: dict[str, Any]) -> int:
@@ -501,14 +660,17 @@ def answered(spec: dict[str, Any]) -> int:
 
 def forecast_manifest(plan: Plan, schema: pa.Schema) -> dict[str, Any] | None:
     """What the registered model records of its forecasts (None for other tasks): the
-    time column and its type, the frequency, the horizon, the exogenous columns."""
+    time column and its type (``date``, ``timestamp``: with a time zone, as Spark's
+    TIMESTAMP; ``timestamp_ntz``: without, as TIMESTAMP_NTZ; ``integer``), the
+    frequency, the horizon, the exogenous columns."""
     if not plan.forecast:
         return None
     kind = schema.field(plan.time_column).type
     spec = plan.forecast
-    return {"time_column": plan.time_column,
-            "time_type": "date" if pa.types.is_date(kind) else "timestamp"
-            if pa.types.is_timestamp(kind) else "integer",
+    time_type = ("date" if pa.types.is_date(kind) else "integer"
+                 if not pa.types.is_timestamp(kind) else "timestamp" if kind.tz
+                 else "timestamp_ntz")
+    return {"time_column": plan.time_column, "time_type": time_type,
             "frequency": spec["frequency"], "horizon": spec["horizon"],
             "season_length": spec["season_length"], "exogenous": spec["exogenous"],
             "answers": answered(spec), "intervals": spec["intervals"]}

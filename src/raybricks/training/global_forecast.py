@@ -23,7 +23,8 @@ from raybricks.data import segment_bounds
 from raybricks.kinds.forecasting import ID, TARGET
 from raybricks.kinds.lags import Continued, LagsKind, memory
 from raybricks.training.search import trial_settings
-from raybricks.training.segment import GLOBAL, Evaluation, Plan, global_models, member_row
+from raybricks.training.segment import GLOBAL, Plan, global_models, member_row
+from raybricks.training.selection import Evaluation
 
 if TYPE_CHECKING:
     from raybricks.training.forecast import Series

@@ -38,6 +38,7 @@ from raybricks.results import Outcome
 from raybricks.segmented_model import MemberModel
 from raybricks.training import segment as seg
 from raybricks.training.segment import Plan
+from raybricks.training.selection import Evaluation, summarize
 
 log = logging.getLogger(__name__)
 
@@ -243,13 +244,13 @@ def train_large_segment(
             payload = fit_data_parallel(candidate, [train_ref], meta, plan, config, storage)
             predictions = ray.get(predict.remote(candidate.kind, payload, meta, valid_ref))
             value = metrics.metric(plan.metric).score(info["y_valid"], predictions)
-            evaluations.append(seg.Evaluation(candidate, candidate.params, value, predictions,
-                                              [payload]))
+            evaluations.append(Evaluation(candidate, candidate.params, value, predictions,
+                                          [payload]))
         except Exception as exc:  # noqa: BLE001 - one candidate failing is recorded
-            evaluations.append(seg.Evaluation(candidate, error=f"{type(exc).__name__}: {exc}"))
+            evaluations.append(Evaluation(candidate, error=f"{type(exc).__name__}: {exc}"))
     row = seg.key_row(plan, key, info["n_rows"])
-    chosen = seg.summarize(row, evaluations + info["pool"], info["y_valid"], info["baseline"],
-                           plan)
+    chosen = summarize(row, evaluations + info["pool"], info["y_valid"], info["baseline"],
+                       plan)
     skipped = [c.name for c in plan.candidates if not data_parallel(c)]
     row["reason"] = (f"large segment: not data-parallel, not fitted: {skipped}"
                      if skipped else None)

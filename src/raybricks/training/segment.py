@@ -20,7 +20,7 @@ import pandas as pd
 import pyarrow as pa
 
 from raybricks import kinds, metrics
-from raybricks.config import RESERVED_NAMES, CandidateConfig, JobConfig
+from raybricks.config import CandidateConfig, JobConfig
 from raybricks.errors import DataError
 from raybricks.kinds import CLASSIFICATION, ModelKind, filled_input, prepare_features
 from raybricks.results import (
@@ -32,6 +32,7 @@ from raybricks.results import (
 )
 from raybricks.segmented_model import SegmentModel, align_classes
 from raybricks.training.search import trial_settings
+from raybricks.training.selection import Evaluation, summarize
 
 
 @dataclass
@@ -52,6 +53,7 @@ class Plan:
     ensemble: str
     top_k: int
     within: float | None  # blend members at most this share worse than the best (None: any)
+    margin: float  # standard errors a local choice must beat the baseline/global model by
     refit: bool
     min_rows: int
     seed: int
@@ -119,7 +121,7 @@ def make_plan(config: JobConfig, schema: pa.Schema, threads: int = 1) -> Plan:
         fraction=config.validation.fraction, folds=config.validation.folds,
         candidates=list(config.models), ensemble=config.ensemble.method,
         top_k=config.ensemble.top_k, within=config.ensemble.within,
-        refit=config.refit, min_rows=config.min_rows,
+        margin=config.ensemble.margin, refit=config.refit, min_rows=config.min_rows,
         seed=config.seed, threads=threads, selection=config.selection,
         pool=competitors(config),
         serve_skipped=config.selection == "all" and config.fallback != "global",
@@ -166,7 +168,7 @@ def forecast_plan(config: JobConfig, schema: pa.Schema, threads: int) -> Plan:
         method="backtest", fraction=0.0, folds=spec["windows"],
         candidates=list(config.models), ensemble=config.ensemble.method,
         top_k=config.ensemble.top_k, within=config.ensemble.within,
-        refit=True, min_rows=config.min_rows, seed=config.seed,
+        margin=config.ensemble.margin, refit=True, min_rows=config.min_rows, seed=config.seed,
         threads=threads, selection=config.selection,
         pool=forecast.baselines(spec) if config.selection == "all" else [],
         serve_skipped=True, large_segment_rows=0, forecast=spec,
@@ -187,14 +189,6 @@ def competitors(config: JobConfig) -> list[CandidateConfig]:
         return []
     strategy = "last" if config.validation.method == "time" else "mean"
     return [CandidateConfig(name="baseline", kind="baseline", params={"strategy": strategy})]
-
-
-def choice_label(candidate: CandidateConfig, plan: Plan) -> str:
-    """How the result table names a chosen member: ``local:<candidate>``, ``baseline``
-    or ``global`` (with ``selection: local_only``, the candidate's name)."""
-    if plan.selection == "local_only" or candidate.name in RESERVED_NAMES:
-        return candidate.name
-    return f"local:{candidate.name}"
 
 
 def stable_seed(*parts: Any) -> int:
@@ -281,20 +275,13 @@ class Prepared:
         return data[indices] if isinstance(data, np.ndarray) else data.iloc[indices]
 
 
-@dataclass
-class Evaluation:
-    """The best setting found for one candidate on one segment."""
-
-    candidate: CandidateConfig
-    params: dict[str, Any] | None = None
-    value: float = float("nan")
-    predictions: np.ndarray | None = None  # out-of-split predictions, validation rows
-    split_models: list = field(default_factory=list)
-    error: str | None = None
-
-
 class Skip(Exception):
     """A segment that cannot be trained, with the reason users will read."""
+
+
+class ConstantTarget(Skip):
+    """A segment whose target never varies: served by that constant, whatever the
+    fallback (no model, the global one included, can beat it on the segment's rows)."""
 
 
 def prepare(data: pd.DataFrame | Columns, plan: Plan, key: tuple) -> Prepared:
@@ -361,7 +348,7 @@ def prepare(data: pd.DataFrame | Columns, plan: Plan, key: tuple) -> Prepared:
     else:
         y = np.asarray(raw, dtype="float64")
         if y.min() == y.max():
-            raise Skip(f"constant target: every value is {y[0]!r}")
+            raise ConstantTarget(f"constant target: every value is {y[0]!r}; served by it")
     if plan.task in CLASSIFICATION:
         splits = make_splits(n, plan, key, y)
         check_training_classes(splits, y, meta["classes"])
@@ -470,6 +457,13 @@ def validation_rows(prep: Prepared) -> np.ndarray:
     return np.concatenate([valid for _, valid in prep.splits])
 
 
+def split_groups(prep: Prepared) -> np.ndarray | None:
+    """Each validation row's fold (None for a single holdout)."""
+    if len(prep.splits) < 2:
+        return None
+    return np.concatenate([np.full(len(valid), i) for i, (_, valid) in enumerate(prep.splits)])
+
+
 def baseline(prep: Prepared, plan: Plan) -> np.ndarray:
     """Naive predictions for the validation rows: the training mean (or the last value,
     time-ordered), or the training class frequencies."""
@@ -539,6 +533,8 @@ def evaluate(prep: Prepared, candidate: CandidateConfig, plan: Plan, key: tuple)
 
 
 GLOBAL = CandidateConfig(name="global", kind="global")
+#: What serves a constant segment where no baseline competes (``selection: local_only``).
+MEAN_BASELINE = CandidateConfig(name="baseline", kind="baseline", params={"strategy": "mean"})
 _LOADED_GLOBAL: dict[str, list[SegmentModel]] = {}
 
 
@@ -587,22 +583,6 @@ def global_plan(plan: Plan, config: JobConfig, schema: pa.Schema) -> Plan:
         categorical = categorical + [c for c in keys if is_categorical(schema.field(c).type)]
     return replace_plan(plan, features=features, categorical=categorical, min_rows=2,
                         selection="local_only", pool=[], global_members=[])
-
-
-def choose(evaluations: list[Evaluation], plan: Plan) -> list[tuple[Evaluation, float]]:
-    """The ensemble's members and weights, from the candidates that fitted."""
-    metric = metrics.metric(plan.metric)
-    ok = sorted((e for e in evaluations if e.error is None), key=lambda e: metric.loss(e.value))
-    if not ok:
-        return []
-    if plan.ensemble == "best":
-        return [(ok[0], 1.0)]
-    top = [e for e in ok[: plan.top_k] if plan.within is None
-           or metric.within(e.value, ok[0].value, plan.within)]
-    if plan.ensemble == "mean":
-        return [(e, 1.0 / len(top)) for e in top]
-    weights = metric.weights([e.value for e in top])
-    return list(zip(top, weights, strict=True))
 
 
 def member_rows(prep: Prepared, members, plan: Plan, key: tuple) -> list[dict[str, Any]]:
@@ -698,46 +678,14 @@ def result_for_error(error: BaseException, plan: Plan, key: tuple, n_rows: int =
     return row
 
 
-def blended(chosen: list[tuple[Evaluation, float]]) -> np.ndarray:
-    """The ensemble's validation predictions: its members' weighted sum."""
-    return sum(e.predictions * w for e, w in chosen)
-
-
-def summarize(
-    row: dict[str, Any], evaluations: list[Evaluation], y_valid: np.ndarray,
-    baseline_predictions: np.ndarray, plan: Plan,
-) -> list[tuple[Evaluation, float]]:
-    """Fill the row's metrics (baseline, every candidate, the ensemble) and its choice;
-    returns the ensemble's members. Raises when every candidate failed."""
-    row["n_valid"] = len(y_valid)
-    metric = metrics.metric(plan.metric)
-    row[f"baseline_{plan.metric}"] = metric.score(y_valid, baseline_predictions)
-    local = [e for e in evaluations if e.candidate.name not in RESERVED_NAMES]
-    for e in evaluations:
-        if e.candidate.name != "baseline":  # its column is filled above
-            row[f"{e.candidate.name}_{plan.metric}"] = e.value
-    if all(e.error is not None for e in local):  # an error, not a data condition
-        raise RuntimeError(
-            "every candidate failed: "
-            + " | ".join(f"{e.candidate.name}: {e.error}" for e in local)
-        )
-    chosen = choose(evaluations, plan)
-    if len(chosen) == 1:  # a single member (weight 1): the ensemble scores as it does
-        row[f"metric_{plan.metric}"] = chosen[0][0].value
-    else:
-        row[f"metric_{plan.metric}"] = metric.score(y_valid, blended(chosen))
-    row["chosen"] = json.dumps([choice_label(e.candidate, plan) for e, _ in chosen])
-    row["weights"] = json.dumps([round(w, 6) for _, w in chosen])
-    return chosen
-
-
 def finish(
     prep: Prepared, evaluations: list[Evaluation], plan: Plan, key: tuple
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """From the candidates' evaluations to the result row and the serialized members."""
     row = key_row(plan, key, prep.n_rows)
     y_valid = prep.y[validation_rows(prep)]
-    chosen = summarize(row, evaluations, y_valid, baseline(prep, plan), plan)
+    chosen = summarize(row, evaluations, y_valid, baseline(prep, plan), plan,
+                       split_groups(prep))
     members = member_rows(prep, chosen, plan, key)
     row["status"] = TRAINED
     return row, members
@@ -757,7 +705,7 @@ def train_segment(
         row, members = finish(prep, evaluations, plan, key)
     except Exception as exc:  # noqa: BLE001 - a bad segment never stops the job
         row, members = result_for_error(exc, plan, key, len(data)), []
-        if isinstance(exc, Skip) and plan.serve_skipped:
+        if isinstance(exc, ConstantTarget) or (isinstance(exc, Skip) and plan.serve_skipped):
             members = skipped_baseline(data, plan, row)
     row["fit_seconds"] = time.perf_counter() - start
     return row, members
@@ -783,7 +731,7 @@ def skipped_baseline(data: pd.DataFrame | Columns, plan: Plan, row: dict[str, An
         y, meta["classes"] = encode_classes(values, sorted_classes(values))
     else:
         y = values.astype("float64")
-    candidate = plan.pool[0]
+    candidate = plan.pool[0] if plan.pool else MEAN_BASELINE
     kind = kinds.of(candidate)
     model = kind.fit(candidate.params, values, y, plan.task, plan.seed, plan.threads, meta)
     return [member_row(candidate, 1.0, candidate.params, kind.serialize(model), meta)]

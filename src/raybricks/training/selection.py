@@ -1,0 +1,169 @@
+"""Choosing a segment's model from its evaluated candidates, and what the choice is worth.
+
+``select``: the ensemble of the best candidates (``choose``), kept only when it beats the
+simpler reference by more than the noise of the comparison: ``ensemble.margin``
+standard errors of the paired loss differences on the validation rows. The reference is
+the naive baseline, or the global model where that is clearly better than the baseline.
+Picking the best of several candidates on a few noisy rows rewards luck; the reference
+needs none.
+
+``cross_fitted``: the validation predictions of the selection made without each group of
+rows (a fold, a backtest window, or a fifth of a holdout), so the reported metric estimates
+how the selection does on rows it did not choose on, not the winner's own, flattering
+score.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from raybricks import metrics
+from raybricks.config import RESERVED_NAMES, CandidateConfig
+
+if TYPE_CHECKING:
+    from raybricks.training.segment import Plan
+
+
+@dataclass
+class Evaluation:
+    """The best setting found for one candidate on one segment."""
+
+    candidate: CandidateConfig
+    params: dict[str, Any] | None = None
+    value: float = float("nan")
+    predictions: np.ndarray | None = None  # out-of-split predictions, validation rows
+    split_models: list = field(default_factory=list)
+    error: str | None = None
+
+
+def is_reference(evaluation: Evaluation) -> bool:
+    """The naive baseline and the global model: what a local candidate must beat."""
+    return evaluation.candidate.name in RESERVED_NAMES
+
+
+def choose(evaluations: list[Evaluation], plan: Plan) -> list[tuple[Evaluation, float]]:
+    """The ensemble's members and weights by validation metric alone, from the
+    candidates that fitted."""
+    metric = metrics.metric(plan.metric)
+    ok = sorted((e for e in evaluations if e.error is None), key=lambda e: metric.loss(e.value))
+    if not ok:
+        return []
+    if plan.ensemble == "best":
+        return [(ok[0], 1.0)]
+    top = [e for e in ok[: plan.top_k] if plan.within is None
+           or metric.within(e.value, ok[0].value, plan.within)]
+    if plan.ensemble == "mean":
+        return [(e, 1.0 / len(top)) for e in top]
+    weights = metric.weights([e.value for e in top])
+    return list(zip(top, weights, strict=True))
+
+
+def reference(evaluations: list[Evaluation], y: np.ndarray, plan: Plan) -> Evaluation | None:
+    """What the segment falls back on: the naive baseline, or the global model where it
+    is clearly better than the baseline (None when neither competes)."""
+    metric = metrics.metric(plan.metric)
+    found = {e.candidate.name: e for e in evaluations
+             if e.error is None and is_reference(e) and np.isfinite(e.value)}
+    naive, pooled = found.get("baseline"), found.get("global")
+    if naive is None or pooled is None:
+        return naive or pooled
+    if metric.clearly_better(y, pooled.predictions, naive.predictions, plan.margin):
+        return pooled
+    return naive
+
+
+def select(evaluations: list[Evaluation], y: np.ndarray, plan: Plan
+           ) -> list[tuple[Evaluation, float]]:
+    """``choose``, then the noise rule: anything but the reference (a local candidate, a
+    blend) serves only when it is clearly better than the reference on the rows ``y``."""
+    chosen = choose(evaluations, plan)
+    fallback = reference(evaluations, y, plan)
+    if not chosen or fallback is None or [e for e, _ in chosen] == [fallback]:
+        return chosen
+    if metrics.metric(plan.metric).clearly_better(y, blended(chosen), fallback.predictions,
+                                                  plan.margin):
+        return chosen
+    return [(fallback, 1.0)]
+
+
+def blended(chosen: list[tuple[Evaluation, float]]) -> np.ndarray:
+    """The ensemble's validation predictions: its members' weighted sum."""
+    return sum(e.predictions * w for e, w in chosen)
+
+
+#: A single holdout's validation rows are cross-fitted in this many interleaved groups.
+HOLDOUT_GROUPS = 5
+
+
+def interleaved(n: int) -> np.ndarray:
+    """``HOLDOUT_GROUPS`` interleaved groups of ``n`` validation rows (a random holdout's
+    rows are in random order already; each group of a time-ordered one spans its period),
+    so each choice is made on four fifths of the rows."""
+    return np.arange(n) % HOLDOUT_GROUPS
+
+
+def cross_fitted(evaluations: list[Evaluation], y: np.ndarray, groups: np.ndarray,
+                 plan: Plan) -> np.ndarray:
+    """Each group's validation predictions of the selection made on the other groups'
+    rows (where the other rows cannot rank the candidates, as a metric without a value
+    on them, of the selection made on all rows)."""
+    metric = metrics.metric(plan.metric)
+    fitted = [e for e in evaluations if e.error is None]
+    whole = blended(select(fitted, y, plan))
+    found = np.array(whole, dtype=float, copy=True)
+    for group in np.unique(groups):
+        inside = groups == group
+        others = ~inside
+        rescored = [replace(e, value=metric.score(y[others], e.predictions[others]),
+                            predictions=e.predictions[others]) for e in fitted]
+        if not all(np.isfinite(e.value) for e in rescored):
+            continue
+        original = {id(r): e for r, e in zip(rescored, fitted, strict=True)}
+        chosen = select(rescored, y[others], plan)
+        found[inside] = sum(original[id(e)].predictions[inside] * w for e, w in chosen)
+    return found
+
+
+def choice_label(candidate: CandidateConfig, plan: Plan) -> str:
+    """How the result table names a chosen member: ``local:<candidate>``, ``baseline``
+    or ``global`` (with ``selection: local_only``, the candidate's name)."""
+    if plan.selection == "local_only" or candidate.name in RESERVED_NAMES:
+        return candidate.name
+    return f"local:{candidate.name}"
+
+
+def summarize(
+    row: dict[str, Any], evaluations: list[Evaluation], y_valid: np.ndarray,
+    baseline_predictions: np.ndarray, plan: Plan, groups: np.ndarray | None = None,
+) -> list[tuple[Evaluation, float]]:
+    """Fill the row's metrics (baseline, every candidate, the selection's cross-fitted
+    estimate) and its choice; returns the ensemble's members. ``groups``: each
+    validation row's fold or window (None: one holdout, cross-fitted in fifths).
+    Raises when every local candidate failed."""
+    row["n_valid"] = len(y_valid)
+    metric = metrics.metric(plan.metric)
+    row[f"baseline_{plan.metric}"] = metric.score(y_valid, baseline_predictions)
+    local = [e for e in evaluations if not is_reference(e)]
+    for e in evaluations:
+        if e.candidate.name != "baseline":  # its column is filled above
+            row[f"{e.candidate.name}_{plan.metric}"] = e.value
+    if all(e.error is not None for e in local):  # an error, not a data condition
+        raise RuntimeError(
+            "every candidate failed: "
+            + " | ".join(f"{e.candidate.name}: {e.error}" for e in local)
+        )
+    chosen = select(evaluations, y_valid, plan)
+    if groups is None:
+        groups = interleaved(len(y_valid))
+    if len(np.unique(groups)) > 1:
+        estimate = metric.score(y_valid, cross_fitted(evaluations, y_valid, groups, plan))
+    else:  # a single validation row: nothing to cross-fit
+        estimate = metric.score(y_valid, blended(chosen))
+    row[f"metric_{plan.metric}"] = estimate
+    row["chosen"] = json.dumps([choice_label(e.candidate, plan) for e, _ in chosen])
+    row["weights"] = json.dumps([round(w, 6) for _, w in chosen])
+    return chosen
