@@ -110,8 +110,8 @@ class ScoreSummary:
                 f"{self.null_predictions} without a prediction")
         if not self.unserved:
             return text + "\nevery requested segment served"
-        total = sum(u.segments for u in self.unserved)
-        return (text + f"\n{total} requested segment(s) not served (or not in every row):"
+        return (text + f"\n{self.unserved_segments} requested segment(s) not served (or "
+                "not in every row):"
                 + "".join(f"\n  {u}" for u in self.unserved))
 
     @property

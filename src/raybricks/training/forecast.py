@@ -613,7 +613,7 @@ def naive_members(series: Series, plan: Plan, key: tuple
                   ) -> tuple[list[dict[str, Any]], str]:
     """A skipped series' seasonal naive forecast (its last season repeated) where it has
     a season of periods, else its naive forecast (its last value), after its last date;
-    and the note saying which. None when it cannot be fitted."""
+    and the note saying which; nothing (and no note) when it cannot be fitted."""
     spec = plan.forecast
     season, n = spec["season_length"], len(series.frame)
     if season > 1 and n >= season:

@@ -107,13 +107,14 @@ def interleaved(n: int) -> np.ndarray:
 
 
 def cross_fitted(evaluations: list[Evaluation], y: np.ndarray, groups: np.ndarray,
-                 plan: Plan) -> np.ndarray:
+                 plan: Plan, chosen: list[tuple[Evaluation, float]] | None = None
+                 ) -> np.ndarray:
     """Each group's validation predictions of the selection made on the other groups'
     rows (where the other rows cannot rank the candidates, as a metric without a value
-    on them, of the selection made on all rows)."""
+    on them, of the selection made on all rows: ``chosen``, when the caller has it)."""
     metric = metrics.metric(plan.metric)
     fitted = [e for e in evaluations if e.error is None]
-    whole = blended(select(fitted, y, plan))
+    whole = blended(select(fitted, y, plan) if chosen is None else chosen)
     found = np.array(whole, dtype=float, copy=True)
     for group in np.unique(groups):
         inside = groups == group
@@ -160,7 +161,8 @@ def summarize(
     if groups is None:
         groups = interleaved(len(y_valid))
     if len(np.unique(groups)) > 1:
-        estimate = metric.score(y_valid, cross_fitted(evaluations, y_valid, groups, plan))
+        estimate = metric.score(y_valid, cross_fitted(evaluations, y_valid, groups, plan,
+                                                      chosen))
     else:  # a single validation row: nothing to cross-fit
         estimate = metric.score(y_valid, blended(chosen))
     row[f"metric_{plan.metric}"] = estimate
