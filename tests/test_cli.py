@@ -155,6 +155,7 @@ def test_validate_reports_an_unreachable_source_and_exit_codes(spark, tmp_path, 
     assert code == 2 and "min_rows=1" in err
 
 
+@pytest.mark.heavy
 def test_ctrl_c_shuts_down_keeps_results_and_prints_the_resume_command(ray_on_spark,
                                                                       tmp_path):
     """A segment's fit waits for a file; Ctrl-C meanwhile ends the job with 130 and the
@@ -321,6 +322,7 @@ def run_verb(argv: list[str], cwd, tty: bool = False) -> tuple[int, str, str]:
     return process.wait(timeout=60), shown.decode().replace("\r\n", "\n"), ""
 
 
+@pytest.mark.heavy
 def test_user_errors_are_one_message_and_the_log_path_without_a_traceback(tmp_path):
     """A column the table lacks, a source path that does not exist, a model nobody
     registered: each verb (on a terminal or not) prints the message and its log's path,

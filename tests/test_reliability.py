@@ -137,6 +137,7 @@ def result_parts(run_dir: Path) -> dict[str, set[str]]:
     return attempts
 
 
+@pytest.mark.heavy
 def test_interrupted_driver_cleans_up_and_resume_finishes_like_an_uninterrupted_run(
         ray_on_spark, spark, tmp_path):
     data = faults.stores({f"w{i}": "ok" for i in range(8)} | {"slow": "wait"})
@@ -194,6 +195,7 @@ def test_interrupted_driver_cleans_up_and_resume_finishes_like_an_uninterrupted_
         uninterrupted.segments[columns].sort_values("store").reset_index(drop=True))
 
 
+@pytest.mark.heavy
 def test_two_jobs_at_once_share_nothing_and_both_succeed(ray_on_spark, tmp_path):
     source = tmp_path / "source.parquet"
     faults.stores({"meet": "barrier"}, regular=6).to_parquet(source)
