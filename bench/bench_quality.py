@@ -191,6 +191,9 @@ def evaluate(ds: Dataset, spark, work: Path) -> dict:
                               classes),
         "local_only": per_segment(ds, test, local, measure, classes),
     }).dropna()
+    if os.environ.get("QUALITY_DUMP"):  # per-segment scores and results, to study
+        scores.to_pickle(f"{os.environ['QUALITY_DUMP']}/{ds.name}-scores.pkl")
+        results["all"].segments.to_pickle(f"{os.environ['QUALITY_DUMP']}/{ds.name}-rows.pkl")
     losses = scores.apply(lambda column: pd.Series(measure.losses(column.to_numpy()),
                                                    index=column.index))
     versus_global = (losses.registered - losses["global"]).to_numpy()

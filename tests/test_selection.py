@@ -11,13 +11,13 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
-from raybricks import tracking
+from raybricks import metrics, tracking
 from raybricks.config import CandidateConfig
 from raybricks.data import to_ray_dataset
 from raybricks.segmented_model import SegmentModel
 from raybricks.training import train_segments
 from raybricks.training.segment import make_plan, make_splits, replace_plan, train_segment
-from raybricks.training.selection import Evaluation, select, summarize
+from raybricks.training.selection import Evaluation, reference, select, summarize
 from tests.test_training import job
 
 RIDGE = [{"name": "ridge", "kind": "sklearn", "estimator": "sklearn.linear_model.Ridge",
@@ -337,6 +337,62 @@ def test_a_local_candidate_replaces_the_reference_only_when_clearly_better():
     # margin 0 keeps the old rule: the best validation score wins, luck included
     eager = replace_plan(plan, margin=0.0)
     assert [e.candidate.name for e, _ in select([lucky, reference], y, eager)] == ["ridge"]
+
+
+def test_the_reference_is_the_better_of_the_baseline_and_the_global_model():
+    """Neither is chosen from many on the segment's rows, so no margin between them: the
+    global model slightly ahead of the baseline on the validation rows is the reference,
+    and a local candidate just ahead of it (within noise) does not replace it."""
+    plan = make_plan(job("/tmp/unused", features=["x1"], time_column=None, models=RIDGE),
+                     pa.schema([("store", pa.string()), ("x1", pa.float64()),
+                                ("y", pa.float64())]))
+    rng = np.random.default_rng(3)
+    y = rng.normal(size=20)
+    naive = scored("baseline", y, np.zeros(20))
+    pooled = scored("global", y, 0.1 * y + rng.normal(scale=0.2, size=20))
+    assert pooled.value < naive.value
+    assert not metrics.metric("rmse").clearly_better(y, pooled.predictions, naive.predictions,
+                                                     plan.margin)
+    assert reference([naive, pooled], y, plan) is pooled
+    local = next(e for e in (scored("ridge", y, pooled.predictions
+                                    + rng.normal(scale=0.3, size=20)) for _ in range(1000))
+                 if e.value < pooled.value)
+    assert [e.candidate.name for e, _ in select([local, naive, pooled], y, plan)] == ["global"]
+    worse = scored("global", y, -y)
+    assert reference([naive, worse], y, plan) is naive
+
+
+def test_boosting_candidates_are_fitted_for_an_absolute_error_metric():
+    """With mae, LightGBM and XGBoost fit absolute error unless told otherwise; a fitted
+    model of the county-like zero-inflated target then predicts its median (0), not its
+    mean."""
+    schema = pa.schema([("store", pa.string()), ("x1", pa.float64()), ("y", pa.float64())])
+    models = [{"name": "lgbm", "kind": "lightgbm", "params": {"n_estimators": 20}},
+              {"name": "own", "kind": "lightgbm", "params": {"objective": "huber"}},
+              {"name": "xgb", "kind": "xgboost"}, *RIDGE]
+
+    def params(metric: str) -> dict[str, dict]:
+        config = job("/tmp/unused", features=["x1"], time_column=None, models=models,
+                     validation={"method": "holdout", "metric": metric})
+        return {c.name: c.params for c in make_plan(config, schema).candidates}
+
+    found = params("mae")
+    assert found["lgbm"] == {"objective": "l1", "n_estimators": 20}
+    assert found["own"] == {"objective": "huber"}
+    assert found["xgb"] == {"objective": "reg:absoluteerror"}
+    assert found["ridge"] == RIDGE[0]["params"]
+    assert all("objective" not in p for name, p in params("rmse").items() if name != "own")
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(400, 1))
+    y = np.where(rng.random(400) < 0.7, 0.0, rng.exponential(3.0, 400))
+    from raybricks.kinds.lightgbm import LightGBMKind
+
+    kind = LightGBMKind(None)
+    fitted = {o: kind.fit({"objective": o, "n_estimators": 30}, pd.DataFrame(x, columns=["x1"]),
+                          y, "regression", 0, 1, {}) for o in ("l1", "regression")}
+    median = {o: float(np.median(m.predict(pd.DataFrame(x, columns=["x1"]))))
+              for o, m in fitted.items()}
+    assert abs(median["l1"]) < 0.2 < median["regression"], median
 
 
 def test_the_reported_metric_is_not_the_winners_flattering_score():

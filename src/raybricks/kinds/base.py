@@ -177,6 +177,10 @@ class ModelKind:
     requirements: ClassVar[tuple[str, ...]] = ()
     #: Whether the member predicts with the segmented model's global (fallback) model.
     uses_fallback: ClassVar[bool] = False
+    #: Parameters that fit the library for absolute error (LightGBM's ``objective: l1``):
+    #: added to a regression candidate whose validation metric is an absolute error
+    #: (mae) and whose params and search set none of them. Empty: left as given.
+    absolute_error: ClassVar[dict[str, Any]] = {}
 
     def __init__(self, candidate: Any) -> None:
         self.candidate = candidate

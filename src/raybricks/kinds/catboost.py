@@ -31,6 +31,7 @@ def catboost_input(features: pd.DataFrame, meta: dict[str, Any]) -> pd.DataFrame
 
 class CatBoostKind(ModelKind):
     name = "catboost"
+    absolute_error = {"loss_function": "MAE"}
     library = "catboost"
     model_input = staticmethod(catboost_input)
 

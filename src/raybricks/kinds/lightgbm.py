@@ -16,6 +16,7 @@ VALIDATION_METRICS = {"regression": "l2", "binary": "binary_logloss",
 
 class LightGBMKind(ModelKind):
     name = "lightgbm"
+    absolute_error = {"objective": "l1"}
     library = "lightgbm"
     data_parallel = True
 

@@ -16,6 +16,7 @@ VALIDATION_METRICS = {"regression": "rmse", "binary": "logloss", "multiclass": "
 
 class XGBoostKind(ModelKind):
     name = "xgboost"
+    absolute_error = {"objective": "reg:absoluteerror"}
     library = "xgboost"
     data_parallel = True
 
