@@ -109,3 +109,18 @@ def test_metric_lookup_and_registry():
     for task, name in metrics.DEFAULT_METRIC.items():
         assert metrics.metric(name).fits(task)
     assert metrics.metric("auc").fits("binary") and not metrics.metric("auc").fits("regression")
+
+
+def test_time_ordered_differences_are_tested_over_blocks():
+    """Errors of neighbouring time-ordered rows move together (a week of storms): a
+    lead made of a few good and bad stretches looks certain row by row, and is within
+    the noise over blocks of consecutive rows."""
+    stretches = np.repeat([-0.6, -0.5, 0.4, -0.4, 0.5], 20)
+    noise = np.random.default_rng(0).normal(scale=0.01, size=100)
+    y, reference = np.zeros(100), np.ones(100)
+    pred = 1 + stretches + noise  # absolute errors: 1 + stretch, against 1
+    mae = metrics.metric("mae")
+    assert mae.clearly_better(y, pred, reference, margin=1.0)
+    assert not mae.clearly_better(y, pred, reference, margin=1.0, blocks=5)
+    steady = 1 - 0.12 + noise  # the same lead, every row
+    assert mae.clearly_better(y, steady, reference, margin=1.0, blocks=5)

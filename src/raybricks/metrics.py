@@ -218,11 +218,16 @@ class Metric:
         return found[np.isfinite(found)]
 
     def clearly_better(self, y: np.ndarray, pred: np.ndarray, reference: np.ndarray,
-                       margin: float) -> bool:
+                       margin: float, blocks: int | None = None) -> bool:
         """Whether ``pred`` beats ``reference`` on the same rows by more than ``margin``
         standard errors of their paired loss differences (a one-sided paired test; with
-        ``margin`` 0, by any amount). Fewer than two comparable units: not shown."""
+        ``margin`` 0, by any amount). ``blocks``: the rows are in time order, and their
+        differences are averaged over that many consecutive blocks first (batch means:
+        neighbouring rows' errors move together, and the spread of single rows would
+        understate the noise). Fewer than two comparable units: not shown."""
         found = self.differences(y, pred, reference)
+        if blocks is not None and len(found) > blocks:
+            found = np.array([part.mean() for part in np.array_split(found, blocks)])
         if len(found) < 2:
             return margin == 0 and len(found) == 1 and found[0] < 0
         mean = float(found.mean())

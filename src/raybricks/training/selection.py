@@ -87,9 +87,15 @@ def select(evaluations: list[Evaluation], y: np.ndarray, plan: Plan
     if not chosen or fallback is None or [e for e, _ in chosen] == [fallback]:
         return chosen
     if metrics.metric(plan.metric).clearly_better(y, blended(chosen), fallback.predictions,
-                                                  plan.margin):
+                                                  plan.margin, time_blocks(plan)):
         return chosen
     return [(fallback, 1.0)]
+
+
+def time_blocks(plan: Plan) -> int | None:
+    """Consecutive blocks of a time-ordered holdout's rows for the noise rule's test
+    (``HOLDOUT_GROUPS``); None where rows are exchangeable (random holdout, folds)."""
+    return HOLDOUT_GROUPS if plan.method == "time" else None
 
 
 def blended(chosen: list[tuple[Evaluation, float]]) -> np.ndarray:
