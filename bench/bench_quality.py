@@ -16,14 +16,16 @@ draw) is held out of the whole job. Two raybricks runs see only the rest:
 On the held-out rows of every segment that has some, each is scored beside
 ``baseline`` (the segment's training mean, last value for time-ordered data, or class
 frequencies, from the job's rows) and ``global`` (the first run's global model alone).
-Reported per dataset: the median over segments of each, the median paired difference
-registered minus global with a bootstrap 90% interval (noise), and the run's own reported
-estimate (``metric_<m>``, cross-fitted) beside what the held-out rows say. Goals:
+Reported per dataset: the median over segments of each; registered minus global per
+segment, its median and mean with bootstrap 90% intervals (noise) and the shares of
+segments where it is worse and better; and the run's own reported estimate
+(``metric_<m>``, cross-fitted) beside what the held-out rows say. Goals:
 registered no worse than baseline on the median segment, and no worse than global alone
 beyond noise (the interval reaches zero or below).
 
 Usage: ``python bench/bench_quality.py [--margin X] [name ...]`` (default: every dataset;
-``--margin 0`` shows what picking the best validation score alone would register).
+``--margin 0`` shows what picking the best validation score alone would register;
+``QUALITY_DUMP=DIR`` also writes each dataset's per-segment scores and result rows there).
 """
 
 from __future__ import annotations
@@ -149,11 +151,12 @@ def per_segment(ds: Dataset, test: pd.DataFrame, predictions: np.ndarray, metric
     return pd.Series(found, dtype=float)
 
 
-def median_interval(differences: np.ndarray, draws: int = 2000) -> tuple[float, float]:
-    """A bootstrap 90% interval of the median over segments."""
+def interval(differences: np.ndarray, statistic=np.median, draws: int = 2000
+             ) -> tuple[float, float]:
+    """A bootstrap 90% interval of ``statistic`` (the median, or the mean) over segments."""
     rng = np.random.default_rng(0)
-    medians = np.median(rng.choice(differences, (draws, len(differences))), axis=1)
-    return float(np.quantile(medians, 0.05)), float(np.quantile(medians, 0.95))
+    found = statistic(rng.choice(differences, (draws, len(differences))), axis=1)
+    return float(np.quantile(found, 0.05)), float(np.quantile(found, 0.95))
 
 
 def evaluate(ds: Dataset, spark, work: Path) -> dict:
@@ -209,7 +212,11 @@ def evaluate(ds: Dataset, spark, work: Path) -> dict:
         "registered_vs_baseline_median_difference": float(np.median(
             losses.registered - losses.baseline)),
         "registered_vs_global_median_difference": float(np.median(versus_global)),
-        "registered_vs_global_interval": median_interval(versus_global),
+        "registered_vs_global_interval": interval(versus_global),
+        "registered_vs_global_mean_difference": float(np.mean(versus_global)),
+        "registered_vs_global_mean_interval": interval(versus_global, np.mean),
+        "registered_worse_better_than_global": [float(np.mean(versus_global > 1e-12)),
+                                                float(np.mean(versus_global < -1e-12))],
         "reported_median": float(reported.loc[common].median()),
         "held_out_median_same_segments": float(scores.registered.loc[common].median()),
         "chosen": choice_counts(segments),
@@ -241,17 +248,22 @@ def run(names: list[str]) -> list[dict]:
 def table(rows: list[dict]) -> str:
     lines = ["| dataset | task, validation | metric | segments (scored) | baseline | global "
              "alone | local only | **registered** | registered - global, median (90%) | "
+             "registered - global, mean (90%) | segments worse / better than global | "
              "reported (held out) | chosen: local / global / baseline |",
-             "|---|---|---|---:|---:|---:|---:|---:|---|---|---|"]
+             "|---|---|---|---:|---:|---:|---:|---:|---|---|---|---|---|"]
     for r in rows:
         c = r["chosen"]
         low, high = r["registered_vs_global_interval"]
+        mean_low, mean_high = r["registered_vs_global_mean_interval"]
+        worse, better = r["registered_worse_better_than_global"]
         lines.append(
             f"| {r['dataset']} | {r['task']}, {r['validation']} | {r['metric']} | "
             f"{r['segments']:,} ({r['scored_segments']:,}) | {r['baseline_median']:.4g} | "
             f"{r['global_median']:.4g} | {r['local_only_median']:.4g} | "
             f"**{r['registered_median']:.4g}** | {r['registered_vs_global_median_difference']:+.3g}"
-            f" ({low:+.3g}, {high:+.3g}) | {r['reported_median']:.4g} "
+            f" ({low:+.3g}, {high:+.3g}) | {r['registered_vs_global_mean_difference']:+.3g} "
+            f"({mean_low:+.3g}, {mean_high:+.3g}) | {worse:.0%} / {better:.0%} | "
+            f"{r['reported_median']:.4g} "
             f"({r['held_out_median_same_segments']:.4g}) | {c['local']} / {c['global']} / "
             f"{c['baseline']} |")
     return "\n".join(lines)

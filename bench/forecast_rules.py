@@ -9,7 +9,7 @@ rule below is applied to the same backtests, and its blend scored on the held-ou
 coverage. In-process, both cores (one process per core); the backtests are cached in
 ``--cache`` so rules can be changed and re-scored in seconds.
 
-Usage: ``python bench/forecast_rules.py [routes|employment ...] [--cache DIR]
+Usage: ``python bench/forecast_rules.py [routes|employment|housing ...] [--cache DIR]
 [--windows N] [--step N] [--holidays]`` (default: ``bench_forecast``'s windows, a horizon
 apart; ``--holidays``: the routes with ``forecast.holidays: US``)
 """
@@ -31,8 +31,8 @@ sys.path.insert(0, os.path.dirname(__file__))
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import pyarrow as pa  # noqa: E402
+from bench_forecast import DATASETS, Dataset, candidates, mase_scale  # noqa: E402
 from bench_forecast import WINDOWS as DEFAULT_WINDOWS  # noqa: E402
-from bench_forecast import Dataset, candidates, employment, mase_scale, routes  # noqa: E402
 
 WINDOWS, STEP = DEFAULT_WINDOWS, None  # the backtest's windows; set by --windows/--step
 HOLIDAYS = False  # --holidays: the dataset's holidays taken out of the histories
@@ -223,6 +223,24 @@ def naive_replaces(rule: Rule) -> Rule:
     return replaced
 
 
+def noise_rule(rule: Rule, margin: float = 1.0) -> Rule:
+    """``selection: all`` as raybricks applies it (``ensemble.margin``): ``rule``'s blend
+    of the candidates serves only where it beats the better naive forecast by more than
+    ``margin`` standard errors of their paired errors over the backtest's periods (else
+    the naive forecast)."""
+    def guarded(backtests, actual):
+        local = {n: p for n, p in backtests.items() if n not in NAIVE_NAMES}
+        weights = rule(local, actual)
+        blend = sum(local[n] * w for n, w in weights.items())
+        naive = ranked({n: p for n, p in backtests.items() if n in NAIVE_NAMES}, actual)[0]
+        gap = np.abs(blend - actual) - np.abs(backtests[naive[0]] - actual)
+        error = gap.std(ddof=1) / np.sqrt(len(gap))
+        clearly = gap.mean() < 0 and -gap.mean() > margin * error
+        return weights if clearly else {naive[0]: 1.0}
+    guarded.naive = True
+    return guarded
+
+
 NAIVE_NAMES = {"SeasonalNaive", "Naive"}  # the baselines' names in ``Backtested``
 
 
@@ -240,6 +258,8 @@ def rules() -> dict[str, Rule]:
         "all (the naive forecasts compete), best": naive_competes(best()),
         "all, within 10%, weighted": naive_competes(within(0.1)),
         "within 10%, replaced by a better naive": naive_replaces(within(0.1)),
+        "all, within 10%, noise rule (margin 1)": noise_rule(within(0.1)),
+        "all, within 10%, noise rule (margin 2)": noise_rule(within(0.1), 2.0),
         "AutoETS alone": alone("autoets"),
         "the seasonal naive alone": naive_competes(alone("SeasonalNaive")),
     }
@@ -262,6 +282,7 @@ def apply(rule: Rule, series: list[Backtested], names: set[str]) -> pd.DataFrame
         known = ~np.isnan(s.truth)
         scored = np.abs(forecast - s.truth)[known]
         rows.append({"uid": s.uid, "members": len(weights),
+                     "mae": scored.mean() if known.any() else np.nan,
                      "mase": scored.mean() / s.mase_scale
                      if s.mase_scale > 0 and known.any() else np.nan,
                      "forecast": forecast, "truth": s.truth,
@@ -341,17 +362,19 @@ def main() -> None:
     global WINDOWS, STEP, HOLIDAYS
     WINDOWS, STEP, HOLIDAYS = args.windows, args.step, args.holidays
     for name in args.datasets:
-        data = {"routes": routes, "employment": employment}[name]()
+        data = DATASETS[name]()
         series = backtest_all(data, args.cache)
         statistical = {c.lower() for c in data.statistical}
         sets = {STATISTICAL_ONLY: statistical,
                 WITH_LAGS: statistical | {"lgbm", "ridge"}}
-        print(f"\n{name}: {len(series)} series; held-out MASE (median), members (mean)")
+        print(f"\n{name}: {len(series)} series; held-out MASE (median), MAE (median), "
+              "members (mean)")
         for label, rule in rules().items():
             cells = []
             for names in sets.values():
                 scored = apply(rule, series, names)
-                cells.append(f"{scored.mase.median():.3f} ({scored.members.mean():.2f})")
+                cells.append(f"{scored.mase.median():.3f} {scored.mae.median():.4g} "
+                             f"({scored.members.mean():.2f})")
             print(f"  {label:40s} " + "  ".join(cells))
         options = {"within 10%": within(0.1), "within 50%": within(0.5),
                    "best 3": within(None), "best": best()}
@@ -390,7 +413,11 @@ def paired(ours: pd.DataFrame, theirs: pd.DataFrame, naive: pd.DataFrame) -> str
     def relative(column: str) -> float:
         return float(np.exp(np.log(both[column] / both.naive).mean()))
 
-    return (f"median {both.ours.median():.3f} vs {both.theirs.median():.3f}, relative to "
+    maes = pd.concat({name: frame.set_index("uid").mae for name, frame in
+                      {"ours": ours, "theirs": theirs}.items()}, axis=1, join="inner")
+    return (f"median MAE {maes.ours.median():.4g} vs {maes.theirs.median():.4g} "
+            f"({len(maes)} series), MASE {both.ours.median():.3f} vs "
+            f"{both.theirs.median():.3f}, relative to "
             f"the seasonal naive {relative('ours'):.3f} vs {relative('theirs'):.3f}, better "
             f"on {(both.ours < both.theirs - 1e-9).mean():.0%}, worse on "
             f"{(both.ours > both.theirs + 1e-9).mean():.0%} ({len(both)} series)")
