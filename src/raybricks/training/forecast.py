@@ -433,27 +433,28 @@ def baseline(series: Series, plan: Plan, key: tuple, origins: list[int],
     return metrics.metric(plan.metric).best(ok, lambda e: e.value)
 
 
-def intervals(evaluations: list[Evaluation], actual: np.ndarray, divisor: float,
-              plan: Plan) -> dict[str, Any] | None:
+def intervals(errors: np.ndarray, divisor: float, plan: Plan) -> dict[str, Any] | None:
     """The series' conformal intervals (``forecast.intervals``; None without levels):
     offsets per bound and step from its backtest errors (``cross_selected_errors``)."""
     spec = plan.forecast
     if not spec["intervals"]:
         return None
-    errors = cross_selected_errors(evaluations, actual, plan) * divisor
+    errors = errors * divisor
     offsets = conformal_offsets(errors, spec["intervals"], interval_neighbours(spec["horizon"]))
     return {"levels": spec["intervals"], "offsets": offsets}
 
 
-def cross_selected_errors(evaluations: list[Evaluation], actual: np.ndarray, plan: Plan
-                          ) -> np.ndarray:
+def cross_selected_errors(evaluations: list[Evaluation], actual: np.ndarray, plan: Plan,
+                          cross: np.ndarray | None = None) -> np.ndarray:
     """Windows x horizon absolute backtest errors, each window's of the ensemble that
-    the selection picks on the other windows: errors of a choice made without the
-    window, as the future's are (the chosen ensemble's own errors on the windows it was
-    chosen on are optimistic, and under-cover)."""
+    the selection picks on the other windows (``cross``: those forecasts, when the caller
+    has them): errors of a choice made without the window, as the future's are (the
+    chosen ensemble's own errors on the windows it was chosen on are optimistic, and
+    under-cover)."""
     horizon = plan.forecast["horizon"]
-    window = np.arange(len(actual)) // horizon
-    return np.abs(actual - cross_fitted(evaluations, actual, window, plan)).reshape(-1, horizon)
+    if cross is None:
+        cross = cross_fitted(evaluations, actual, np.arange(len(actual)) // horizon, plan)
+    return np.abs(actual - cross).reshape(-1, horizon)
 
 
 def member_meta(series: Series, plan: Plan, bounds: dict[str, Any] | None = None
@@ -515,9 +516,11 @@ def train_series(data: pd.DataFrame, key: tuple, plan: Plan,
         if plan.pool:  # selection all: the baseline competes
             evaluations.append(naive)
         row = key_row(plan, key, len(data))
-        chosen = summarize(row, evaluations, actual, naive.predictions, plan,
-                           np.arange(len(actual)) // spec["horizon"])
-        bounds = intervals(evaluations, actual, divisor, plan)
+        window = np.arange(len(actual)) // spec["horizon"]
+        cross = cross_fitted(evaluations, actual, window, plan)  # once: metric, intervals
+        chosen = summarize(row, evaluations, actual, naive.predictions, plan, window, cross)
+        bounds = intervals(cross_selected_errors(evaluations, actual, plan, cross), divisor,
+                           plan)
         members = [fitted_member(e.candidate, w, e.params, series, plan, key, bounds)
                    for e, w in chosen]
         row["status"] = TRAINED

@@ -122,6 +122,8 @@ def cross_fitted(evaluations: list[Evaluation], y: np.ndarray, groups: np.ndarra
     on them, of the selection made on all rows: ``chosen``, when the caller has it)."""
     metric = metrics.metric(plan.metric)
     fitted = [e for e in evaluations if e.error is None]
+    if not fitted:  # nothing to predict with (the caller reports why)
+        return np.full(len(y), np.nan)
     whole = blended(select(fitted, y, plan) if chosen is None else chosen)
     found = np.array(whole, dtype=float, copy=True)
     for group in np.unique(groups):
@@ -148,10 +150,12 @@ def choice_label(candidate: CandidateConfig, plan: Plan) -> str:
 def summarize(
     row: dict[str, Any], evaluations: list[Evaluation], y_valid: np.ndarray,
     baseline_predictions: np.ndarray, plan: Plan, groups: np.ndarray | None = None,
+    cross: np.ndarray | None = None,
 ) -> list[tuple[Evaluation, float]]:
     """Fill the row's metrics (baseline, every candidate, the selection's cross-fitted
     estimate) and its choice; returns the ensemble's members. ``groups``: each
-    validation row's fold or window (None: one holdout, cross-fitted in fifths).
+    validation row's fold or window (None: one holdout, cross-fitted in fifths);
+    ``cross``: the cross-fitted predictions over ``groups``, when the caller has them.
     Raises when every local candidate failed."""
     row["n_valid"] = len(y_valid)
     metric = metrics.metric(plan.metric)
@@ -168,7 +172,9 @@ def summarize(
     chosen = select(evaluations, y_valid, plan)
     if groups is None:
         groups = interleaved(len(y_valid))
-    if len(np.unique(groups)) > 1:
+    if cross is not None:
+        estimate = metric.score(y_valid, cross)
+    elif len(np.unique(groups)) > 1:
         estimate = metric.score(y_valid, cross_fitted(evaluations, y_valid, groups, plan,
                                                       chosen))
     else:  # a single validation row: nothing to cross-fit
