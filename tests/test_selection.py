@@ -319,10 +319,18 @@ def scored(name: str, y: np.ndarray, predictions: np.ndarray) -> Evaluation:
                       predictions)
 
 
+ONE_FEATURE = pa.schema([("store", pa.string()), ("x1", pa.float64()), ("y", pa.float64())])
+
+
+def one_feature_plan(**changes):
+    """The plan of a job on ``ONE_FEATURE`` (ridge, no time column, unless ``changes``
+    say otherwise), for the selection's unit tests."""
+    return make_plan(job("/tmp/unused", features=["x1"], time_column=None,
+                         **({"models": RIDGE} | changes)), ONE_FEATURE)
+
+
 def test_a_local_candidate_replaces_the_reference_only_when_clearly_better():
-    plan = make_plan(job("/tmp/unused", features=["x1"], time_column=None, models=RIDGE),
-                     pa.schema([("store", pa.string()), ("x1", pa.float64()),
-                                ("y", pa.float64())]))
+    plan = one_feature_plan()
     rng = np.random.default_rng(0)
     y = rng.normal(size=12)
     reference = scored("baseline", y, np.zeros(12))
@@ -343,9 +351,7 @@ def test_the_reference_is_the_better_of_the_baseline_and_the_global_model():
     """Neither is chosen from many on the segment's rows, so no margin between them: the
     global model slightly ahead of the baseline on the validation rows is the reference,
     and a local candidate just ahead of it (within noise) does not replace it."""
-    plan = make_plan(job("/tmp/unused", features=["x1"], time_column=None, models=RIDGE),
-                     pa.schema([("store", pa.string()), ("x1", pa.float64()),
-                                ("y", pa.float64())]))
+    plan = one_feature_plan()
     rng = np.random.default_rng(3)
     y = rng.normal(size=20)
     naive = scored("baseline", y, np.zeros(20))
@@ -366,15 +372,14 @@ def test_boosting_candidates_are_fitted_for_an_absolute_error_metric():
     """With mae, LightGBM and XGBoost fit absolute error unless told otherwise; a fitted
     model of the county-like zero-inflated target then predicts its median (0), not its
     mean."""
-    schema = pa.schema([("store", pa.string()), ("x1", pa.float64()), ("y", pa.float64())])
     models = [{"name": "lgbm", "kind": "lightgbm", "params": {"n_estimators": 20}},
               {"name": "own", "kind": "lightgbm", "params": {"objective": "huber"}},
               {"name": "xgb", "kind": "xgboost"}, *RIDGE]
 
     def params(metric: str) -> dict[str, dict]:
-        config = job("/tmp/unused", features=["x1"], time_column=None, models=models,
-                     validation={"method": "holdout", "metric": metric})
-        return {c.name: c.params for c in make_plan(config, schema).candidates}
+        plan = one_feature_plan(models=models,
+                                validation={"method": "holdout", "metric": metric})
+        return {c.name: c.params for c in plan.candidates}
 
     found = params("mae")
     assert found["lgbm"] == {"objective": "l1", "n_estimators": 20}
@@ -399,10 +404,7 @@ def test_the_reported_metric_is_not_the_winners_flattering_score():
     """Twenty candidates that are noise, on 200 segments: the best of them on its
     validation rows looks better than any is (the winner's own score is optimistic by
     construction); the cross-fitted estimate of the selection is not."""
-    plan = replace_plan(make_plan(
-        job("/tmp/unused", features=["x1"], time_column=None, models=RIDGE),
-        pa.schema([("store", pa.string()), ("x1", pa.float64()), ("y", pa.float64())])),
-        margin=0.0)
+    plan = replace_plan(one_feature_plan(), margin=0.0)
     rng = np.random.default_rng(1)
     own, honest, truth = [], [], []
     for _ in range(200):
