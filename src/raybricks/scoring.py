@@ -355,12 +355,13 @@ def fetch_model(model_uri: str) -> tuple[Path, dict]:
 def _score(model_uri: str, local: Path, manifest: dict, df: DataFrame, output: str | None,
            spark: SparkSession, probabilities: bool, cache_segments: int,
            partitions: int | None, start: float, intervals: bool = False,
-           rows: int | None = None, missing: DataFrame | None = None
-           ) -> ScoreSummary | DataFrame:
+           rows: int | None = None, missing: DataFrame | None = None,
+           every_segment: bool = False) -> ScoreSummary | DataFrame:
     """Score ``df`` (``rows`` of them, if known: the progress bar's total); the summary
     names the segments that got no prediction, in the output or among ``missing``
     (requested segments without a row in ``df``: their segment columns and
-    ``segment_status``)."""
+    ``segment_status``; ``every_segment``: every segment of the model was requested, so
+    those without a model are the missing ones)."""
     versions = library_version_problem(manifest, model_uri)
     if versions:  # once, here: not in every task that loads the model's members
         log.warning("%s", versions)
@@ -397,11 +398,13 @@ def _score(model_uri: str, local: Path, manifest: dict, df: DataFrame, output: s
         F.sum("rows").alias("rows"), F.sum("nulls").alias("nulls")).collect()
     counts = {r["segment_status"]: int(r["rows"]) for r in per_status}
     nulls = sum(int(r["nulls"] or 0) for r in per_status)
+    without = no_model(spark, local / "artifacts" / "segments", segment_by)
+    if every_segment and without is not None:
+        missing = without.select(*segment_by, F.col("status").alias("segment_status"))
     unserved_rows = per_segment.where(F.col("nulls") > 0).select(*segment_by, "segment_status")
     if missing is not None:
         unserved_rows = unserved_rows.unionByName(missing.select(*segment_by, "segment_status"))
-    unserved = unserved_segments(spark, unserved_rows, local / "artifacts" / "segments",
-                                 manifest)
+    unserved = unserved_segments(unserved_rows, without, manifest)
     summary = ScoreSummary(model_uri, version, output, sum(counts.values()), counts, nulls,
                            time.perf_counter() - start, unserved)
     log.info("%s", summary)
@@ -443,11 +446,8 @@ def forecast(
     segment_by = manifest["segment_by"]
     future = future_rows(directory, manifest, horizon)
     rows = spark.createDataFrame(future, future_schema(directory, manifest))
-    if segments is None:  # every segment of the model: those without one are missing
-        missing = no_model(spark, directory, segment_by)
-        missing = None if missing is None else missing.select(
-            *segment_by, F.col("status").alias("segment_status"))
-    else:
+    missing = None  # every segment of the model: those without one (``_score``)
+    if segments is not None:
         wanted = segments if not isinstance(segments, str) else read_source(
             source_of(segments), spark)
         keys = wanted.select(*segment_by).distinct()
@@ -457,7 +457,7 @@ def forecast(
                                                         F.lit(None).cast("string"))
     return _score(model_uri, local, manifest, rows, output, spark, False, cache_segments,
                   partitions, start, intervals, len(future) if segments is None else None,
-                  missing)
+                  missing, every_segment=segments is None)
 
 
 def future_rows(directory: Path, manifest: dict, horizon: int) -> pd.DataFrame:
@@ -542,14 +542,14 @@ def no_model(spark: SparkSession, directory: Path, segment_by: list[str]
     return spark.createDataFrame(frame.astype(object).where(pd.notna(frame), None), schema)
 
 
-def unserved_segments(spark: SparkSession, segments: DataFrame, directory: Path,
-                      manifest: dict) -> list[Unserved]:
+def unserved_segments(segments: DataFrame, without: DataFrame | None, manifest: dict
+                      ) -> list[Unserved]:
     """Why each of ``segments`` (their segment columns and ``segment_status`` in the
     model: requested segments that got no prediction in some or every row) was not
-    served, counted by reason with a few examples (one Spark job, with the model's
-    segments without a model: ``no_model``): failed or skipped in training (their
-    training reason), not in the model, or served but not in every row (a forecasting
-    model answers only the periods after each series' history)."""
+    served, counted by reason with a few examples (one Spark job, with ``without``: the
+    model's segments without a model, ``no_model``): failed or skipped in training
+    (their training reason), not in the model, or served but not in every row (a
+    forecasting model answers only the periods after each series' history)."""
     from functools import reduce
 
     from pyspark.sql import Window
@@ -559,7 +559,6 @@ def unserved_segments(spark: SparkSession, segments: DataFrame, directory: Path,
     unanswered = ("served, but not every row: dates not among the periods it answers "
                   "after the series' history" if manifest.get("forecast")
                   else "served, but not every row")
-    without = no_model(spark, directory, segment_by)
     if without is None:
         found = segments.withColumn("_status", F.lit(None).cast("string")).withColumn(
             "_reason", F.lit(None).cast("string"))
