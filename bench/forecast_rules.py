@@ -223,11 +223,12 @@ def naive_replaces(rule: Rule) -> Rule:
     return replaced
 
 
-def noise_rule(rule: Rule, margin: float = 1.0) -> Rule:
-    """``selection: all`` as raybricks applies it (``ensemble.margin``): ``rule``'s blend
-    of the candidates serves only where it beats the better naive forecast by more than
-    ``margin`` standard errors of their paired errors over the backtest's periods (else
-    the naive forecast)."""
+def noise_rule(rule: Rule, margin: float = 1.0, shrink: float = 0.0) -> Rule:
+    """``selection: all`` as raybricks applies it (``ensemble.margin``,
+    ``ensemble.shrink``): ``rule``'s blend of the candidates serves only where it beats
+    the better naive forecast by more than ``margin`` standard errors of their paired
+    errors over the backtest's periods (else the naive forecast), with ``shrink`` of the
+    weight moved to the naive forecast."""
     def guarded(backtests, actual):
         local = {n: p for n, p in backtests.items() if n not in NAIVE_NAMES}
         weights = rule(local, actual)
@@ -236,7 +237,10 @@ def noise_rule(rule: Rule, margin: float = 1.0) -> Rule:
         gap = np.abs(blend - actual) - np.abs(backtests[naive[0]] - actual)
         error = gap.std(ddof=1) / np.sqrt(len(gap))
         clearly = gap.mean() < 0 and -gap.mean() > margin * error
-        return weights if clearly else {naive[0]: 1.0}
+        if not clearly:
+            return {naive[0]: 1.0}
+        return {n: w * (1 - shrink) for n, w in weights.items()} | (
+            {naive[0]: shrink} if shrink else {})
     guarded.naive = True
     return guarded
 
@@ -258,8 +262,10 @@ def rules() -> dict[str, Rule]:
         "all (the naive forecasts compete), best": naive_competes(best()),
         "all, within 10%, weighted": naive_competes(within(0.1)),
         "within 10%, replaced by a better naive": naive_replaces(within(0.1)),
-        "all, within 10%, noise rule (margin 1)": noise_rule(within(0.1)),
-        "all, within 10%, noise rule (margin 2)": noise_rule(within(0.1), 2.0),
+        "all, within 10%, noise rule (margin 1, shrink 0.5)": noise_rule(within(0.1),
+                                                                         shrink=0.5),
+        "all, within 10%, noise rule (margin 1, no shrink)": noise_rule(within(0.1)),
+        "all, within 10%, noise rule (margin 2, no shrink)": noise_rule(within(0.1), 2.0),
         "AutoETS alone": alone("autoets"),
         "the seasonal naive alone": naive_competes(alone("SeasonalNaive")),
     }

@@ -221,6 +221,10 @@ def test_defaults_blend_local_candidates_and_selection_all_lets_the_baseline_com
     plan = plan_for(noisy, tmp_path)
     assert (plan.selection, plan.ensemble, plan.top_k, plan.within, plan.pool) == (
         "local_only", "weighted", 3, 0.1, [])
+    # with selection: all, a winner is not blended with the naive reference (the table
+    # tasks' ensemble.shrink; worse for forecasts, docs/forecasting.md) unless set
+    assert plan_for(noisy, tmp_path, selection="all").shrink == 0.0
+    assert plan_for(noisy, tmp_path, ensemble={"shrink": 0.3}).shrink == 0.3
     row, members = train_series(noisy, ("cycle",), plan)
     chosen = json.loads(row["chosen"])
     errors = {name: row[f"{name}_mase"] for name in ("lgbm", "theta")}

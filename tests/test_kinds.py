@@ -115,7 +115,8 @@ def test_a_users_kind_by_import_path_is_checked_before_any_cluster():
 
 def test_a_users_kind_trains_registers_and_serves_without_raybricks(shops_ds, tmp_path):
     config = job(tmp_path, models=USER, features=["x1", "x2"],
-                 registry={"name": "tests.kinds.user"})
+                 registry={"name": "tests.kinds.user"},
+                 ensemble={"shrink": 0})  # a winner alone: the kind's own predictions
     result = train_segments(shops_ds, config)
     assert result.counts()["trained"] == 8
     publication = tracking.publish(result, config)

@@ -118,8 +118,11 @@ def test_registered_model_predicts_each_segment_with_its_choice(selected, tmp_pa
             expected = store.fallback.predict(frame[mask])
         elif choice == "baseline":  # the segment's mean, refitted on all its rows
             expected = np.full(mask.sum(), data.loc[data.seg == seg, "y"].mean())
-        else:
-            assert set(members.loc[members.seg == seg, "kind"]) == {"sklearn"}
+        else:  # a local winner, blended half and half with its reference (ensemble.shrink)
+            chosen = json.loads(rows.chosen)
+            assert chosen[1:] in (["global"], ["baseline"]) and json.loads(rows.weights) == [
+                0.5, 0.5]
+            assert set(members.loc[members.seg == seg, "kind"]) == {"sklearn", chosen[1]}
             continue
         np.testing.assert_allclose(predicted[mask], expected, rtol=1e-9)
 
@@ -312,11 +315,10 @@ def test_a_large_segment_of_noise_chooses_its_baseline_through_ray_train(
     assert json.loads(member["payload"]) == pytest.approx([noise.y.mean()])
 
 
-def scored(name: str, y: np.ndarray, predictions: np.ndarray) -> Evaluation:
-    from raybricks.metrics import rmse
-
-    return Evaluation(CandidateConfig(name=name, kind="baseline"), {}, rmse(y, predictions),
-                      predictions)
+def scored(name: str, y: np.ndarray, predictions: np.ndarray, metric: str = "rmse"
+           ) -> Evaluation:
+    return Evaluation(CandidateConfig(name=name, kind="baseline"), {},
+                      metrics.metric(metric).score(y, predictions), predictions)
 
 
 ONE_FEATURE = pa.schema([("store", pa.string()), ("x1", pa.float64()), ("y", pa.float64())])
@@ -330,7 +332,7 @@ def one_feature_plan(**changes):
 
 
 def test_a_local_candidate_replaces_the_reference_only_when_clearly_better():
-    plan = one_feature_plan()
+    plan = one_feature_plan(ensemble={"shrink": 0})  # the winner alone, to see who won
     rng = np.random.default_rng(0)
     y = rng.normal(size=12)
     reference = scored("baseline", y, np.zeros(12))
@@ -347,25 +349,67 @@ def test_a_local_candidate_replaces_the_reference_only_when_clearly_better():
     assert [e.candidate.name for e, _ in select([lucky, reference], y, eager)] == ["ridge"]
 
 
-def test_the_reference_is_the_better_of_the_baseline_and_the_global_model():
-    """Neither is chosen from many on the segment's rows, so no margin between them: the
-    global model slightly ahead of the baseline on the validation rows is the reference,
-    and a local candidate just ahead of it (within noise) does not replace it."""
+def test_the_reference_is_the_global_model_unless_the_baseline_is_shown_better():
+    """The global model learned from every segment: the baseline slightly ahead of it on
+    a few validation rows (within noise) does not replace it; far ahead, it does; and a
+    local candidate just ahead of the reference (within noise) does not replace it."""
     plan = one_feature_plan()
     rng = np.random.default_rng(3)
     y = rng.normal(size=20)
     naive = scored("baseline", y, np.zeros(20))
-    pooled = scored("global", y, 0.1 * y + rng.normal(scale=0.2, size=20))
-    assert pooled.value < naive.value
-    assert not metrics.metric("rmse").clearly_better(y, pooled.predictions, naive.predictions,
-                                                     plan.margin)
+    pooled = next(e for e in (scored("global", y, 0.5 * y + rng.normal(scale=0.8, size=20))
+                              for _ in range(1000)) if e.value > naive.value)
     assert reference([naive, pooled], y, plan) is pooled
+    assert reference([naive, pooled], y, replace_plan(plan, margin=0.0)) is naive
     local = next(e for e in (scored("ridge", y, pooled.predictions
                                     + rng.normal(scale=0.3, size=20)) for _ in range(1000))
                  if e.value < pooled.value)
     assert [e.candidate.name for e, _ in select([local, naive, pooled], y, plan)] == ["global"]
-    worse = scored("global", y, -y)
+    worse = scored("global", y, -2 * y)
     assert reference([naive, worse], y, plan) is naive
+
+
+def test_a_local_winner_serves_blended_with_its_reference():
+    """``ensemble.shrink``: a local model shown better than the reference serves with half
+    the weight on it (default for the table tasks; 0 for forecasts); a blend that holds
+    the reference already gets its share added, not a second copy."""
+    plan = one_feature_plan()
+    rng = np.random.default_rng(0)
+    y = rng.normal(size=30)
+    naive, pooled = scored("baseline", y, np.zeros(30)), scored("global", y, 0.5 * y)
+    good = scored("ridge", y, y + rng.normal(scale=0.05, size=30))
+    chosen = select([good, naive, pooled], y, plan)
+    assert plan.shrink == 0.5
+    assert [(e.candidate.name, w) for e, w in chosen] == [("ridge", 0.5), ("global", 0.5)]
+    alone = replace_plan(plan, shrink=0.0)
+    assert [(e.candidate.name, w) for e, w in select([good, naive, pooled], y, alone)] == [
+        ("ridge", 1.0)]
+    mean = replace_plan(plan, ensemble="mean", top_k=2)
+    assert [(e.candidate.name, w) for e, w in select([good, naive, pooled], y, mean)] == [
+        ("ridge", 0.25), ("global", 0.75)]
+
+
+def test_validation_rows_without_a_class_cannot_show_a_local_model_better():
+    """A rare class absent from the validation rows: a local model that gives it almost
+    no probability beats the global model clearly there, and would pay on the rows that
+    have it, so the reference serves; with the class among the rows, the test decides."""
+    plan = one_feature_plan(task="binary", validation={"method": "holdout",
+                                                       "metric": "logloss"})
+    y = np.zeros(40, dtype="int64")
+
+    def probabilities(name, positive):
+        return scored(name, y, np.column_stack([1 - positive, positive]), "logloss")
+
+    sure, pooled = probabilities("lgbm", np.full(40, 1e-4)), probabilities("global",
+                                                                           np.full(40, 0.05))
+    assert metrics.metric("logloss").clearly_better(y, sure.predictions, pooled.predictions,
+                                                    plan.margin)
+    assert [e.candidate.name for e, _ in select([sure, pooled], y, plan)] == ["global"]
+    y[:4] = 1
+    sure, pooled = probabilities("lgbm", np.where(y == 1, 0.9, 1e-4)), probabilities(
+        "global", np.full(40, 0.05))
+    assert [e.candidate.name for e, _ in select([sure, pooled], y, plan)] == ["lgbm",
+                                                                              "global"]
 
 
 def test_boosting_candidates_are_fitted_for_an_absolute_error_metric():

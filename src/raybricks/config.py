@@ -359,11 +359,18 @@ class EnsembleConfig(StrictModel):
     #: (0.1: within 10%; a large value such as 100 keeps all ``top_k``). Default: 0.1 for
     #: task forecast (docs/forecasting.md); no limit for the other tasks.
     within: float | None = Field(default=None, ge=0)
-    #: A blend or model with a local candidate replaces the naive baseline or the global
-    #: model only when it beats the better of them by more than this many standard errors
-    #: of the paired loss differences on the validation rows (0: by any amount). Only
-    #: where they compete (``selection: all``); docs/training.md.
+    #: A blend or model with a local candidate replaces the reference (the global model,
+    #: or the naive baseline where it beats the global model by the same rule) only when
+    #: it beats it by more than this many standard errors of the paired loss differences
+    #: on the validation rows (0: by any amount). Only where they compete
+    #: (``selection: all``); docs/training.md.
     margin: float = Field(default=1.0, ge=0)
+    #: The reference's share of the weight when a local model or blend replaces it (0:
+    #: the winner alone; 1: the reference alone). Default: 0.5 for the table tasks
+    #: (validation wins are partly luck and partly a period that does not last;
+    #: docs/training.md), 0 for task forecast, whose naive reference is weaker
+    #: (docs/forecasting.md).
+    shrink: float | None = Field(default=None, ge=0, le=1)
 
 
 class TrainingConfig(StrictModel):

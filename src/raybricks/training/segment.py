@@ -54,6 +54,7 @@ class Plan:
     top_k: int
     within: float | None  # blend members at most this share worse than the best (None: any)
     margin: float  # standard errors a local choice must beat the baseline/global model by
+    shrink: float  # the reference's share of a local choice's weight
     refit: bool
     min_rows: int
     seed: int
@@ -122,7 +123,8 @@ def make_plan(config: JobConfig, schema: pa.Schema, threads: int = 1) -> Plan:
         candidates=[fitted_for_metric(c, config) for c in config.models],
         ensemble=config.ensemble.method,
         top_k=config.ensemble.top_k, within=config.ensemble.within,
-        margin=config.ensemble.margin, refit=config.refit, min_rows=config.min_rows,
+        margin=config.ensemble.margin, shrink=shrink_of(config, TABLE_SHRINK),
+        refit=config.refit, min_rows=config.min_rows,
         seed=config.seed, threads=threads, selection=config.selection,
         pool=competitors(config),
         serve_skipped=config.selection == "all" and config.fallback != "global",
@@ -169,7 +171,8 @@ def forecast_plan(config: JobConfig, schema: pa.Schema, threads: int) -> Plan:
         method="backtest", fraction=0.0, folds=spec["windows"],
         candidates=list(config.models), ensemble=config.ensemble.method,
         top_k=config.ensemble.top_k, within=config.ensemble.within,
-        margin=config.ensemble.margin, refit=True, min_rows=config.min_rows, seed=config.seed,
+        margin=config.ensemble.margin, shrink=shrink_of(config, 0.0),
+        refit=True, min_rows=config.min_rows, seed=config.seed,
         threads=threads, selection=config.selection,
         pool=forecast.baselines(spec) if config.selection == "all" else [],
         serve_skipped=True, large_segment_rows=0, forecast=spec,
@@ -200,6 +203,15 @@ def fitted_for_metric(candidate: CandidateConfig, config: JobConfig) -> Candidat
     if not extra or any(k in candidate.params or k in candidate.search for k in extra):
         return candidate
     return candidate.model_copy(update={"params": extra | candidate.params})
+
+
+#: ``ensemble.shrink`` of the table tasks when a job leaves it unset (docs/training.md).
+TABLE_SHRINK = 0.5
+
+
+def shrink_of(config: JobConfig, default: float) -> float:
+    """``ensemble.shrink``, or the task's default where the job leaves it unset."""
+    return default if config.ensemble.shrink is None else config.ensemble.shrink
 
 
 def competitors(config: JobConfig) -> list[CandidateConfig]:
