@@ -76,12 +76,6 @@ FALLBACK_ROWS = 1_000_000
 # --------------------------------------------------------------------------- results
 
 
-def keyed_members(plan: Plan, key: tuple, members: list[dict[str, Any]]) -> list[dict]:
-    """A segment's serialized members, each with the segment's key columns."""
-    keys = dict(zip(plan.segment_by, key, strict=True))
-    return [keys | member for member in members]
-
-
 # --------------------------------------------------------------------------- tasks
 
 
@@ -116,7 +110,7 @@ def train_block(
                                                          key, plan)
             watchdog.started(None)
             results.append(row)
-            members.extend(keyed_members(plan, key, segment_members))
+            members.extend(seg.keyed_members(plan, key, segment_members))
     return Outcome.of(seg.results_table(results, plan), seg.members_table(members, plan))
 
 
@@ -487,7 +481,7 @@ def input_example(refs, bounds, wanted: tuple | None, plan: Plan, schema: pa.Sch
     for ref, block in zip(refs, bounds, strict=True):
         if len(block) and (wanted is None or wanted in block):
             key = wanted if wanted is not None else block.key_tuples(slice(0, 1))[0]
-            rows = segment_rows(ray.get(ref), plan, key)
+            rows = seg.segment_rows(ray.get(ref), plan, key)
             if plan.forecast:
                 rows = future_example(rows, plan)
             else:
@@ -677,22 +671,16 @@ def _run_spread(refs, todo, plan: Plan, config: JobConfig, run_dir: Path) -> lis
                 continue
             row, rows = _lost_block([key], plan, exc).to_pylist()[0], []
         results.append(row)
-        members.extend(keyed_members(plan, key, rows))
+        members.extend(seg.keyed_members(plan, key, rows))
     Outcome.of(seg.results_table(results, plan), seg.members_table(members, plan)).write(
         run_dir, f"part-spread-{uuid.uuid4().hex[:8]}")
     return lost
 
 
-def segment_rows(block: pa.Table, plan: Plan, key: tuple) -> pd.DataFrame:
-    """One segment's rows of a block, as the frame the segment logic takes."""
-    start, end = next((s, e) for k, s, e in segment_bounds(block, plan.segment_by) if k == key)
-    return block.slice(start, end - start).select(plan.columns).to_pandas()
-
-
 def _prepare_slice(block: pa.Table, plan: Plan, key: tuple):
     """The prepared segment, kept in the object store; or, when it cannot be prepared,
     its finished result (skipped or failed) as ``train_segment`` makes it."""
-    rows = segment_rows(block, plan, key)
+    rows = seg.segment_rows(block, plan, key)
     try:
         return seg.prepare(rows, plan, key)
     except Exception:  # noqa: BLE001 - Skip or failure, reported by _finish_segment

@@ -53,7 +53,6 @@ def data_parallel(candidate: CandidateConfig) -> bool:
 
 def train_large_segments(refs, large_keys, plan: Plan, config: JobConfig, run_dir: Path):
     """Train every large segment; write its result row and members like the engine does."""
-    from raybricks.training.engine import keyed_members
 
     for block_ref, keys in zip(refs, large_keys, strict=True):
         for key in keys:
@@ -64,15 +63,14 @@ def train_large_segments(refs, large_keys, plan: Plan, config: JobConfig, run_di
                 row, members = seg.result_for_error(exc, plan, key), []
             Outcome.of(
                 seg.results_table([row], plan),
-                seg.members_table(keyed_members(plan, key, members), plan),
+                seg.members_table(seg.keyed_members(plan, key, members), plan),
             ).write(run_dir, f"part-large-{uuid.uuid4().hex[:10]}")
 
 
 def train_one_segment(block: pa.Table, plan: Plan, key: tuple):
     """Ray task body: a large segment without boosting candidates, trained in one task."""
-    from raybricks.training.engine import segment_rows
 
-    return seg.train_segment(segment_rows(block, plan, key), key, plan)
+    return seg.train_segment(seg.segment_rows(block, plan, key), key, plan)
 
 
 def split_segment(block: pa.Table, plan: Plan, key: tuple):
@@ -80,10 +78,9 @@ def split_segment(block: pa.Table, plan: Plan, key: tuple):
     needs (model metadata, splits' targets, baseline, and the evaluations and members of
     what competes beside the candidates: the baseline and the global model; or only
     ``skip``, the reason it cannot be trained)."""
-    from raybricks.training.engine import segment_rows
 
     try:
-        prep = seg.prepare(segment_rows(block, plan, key), plan, key)
+        prep = seg.prepare(seg.segment_rows(block, plan, key), plan, key)
     except seg.Skip as skip:
         return None, None, {"skip": str(skip)}
     train, valid = prep.splits[0]

@@ -21,6 +21,7 @@ import pyarrow as pa
 
 from raybricks import kinds, metrics
 from raybricks.config import CandidateConfig, JobConfig
+from raybricks.data import segment_bounds
 from raybricks.errors import DataError
 from raybricks.kinds import CLASSIFICATION, ModelKind, filled_input, prepare_features
 from raybricks.results import (
@@ -683,7 +684,7 @@ def results_table(rows: list[dict[str, Any]], plan: Plan) -> pa.Table:
 
 
 def members_table(rows: list[dict[str, Any]], plan: Plan) -> pa.Table:
-    """Serialized members keyed by their segment (``engine.keyed_members``) as a table."""
+    """Serialized members keyed by their segment (``keyed_members``) as a table."""
     return pa.Table.from_pylist(rows, schema=members_schema(key_fields(plan)))
 
 
@@ -767,3 +768,15 @@ def skipped_baseline(data: pd.DataFrame | Columns, plan: Plan, row: dict[str, An
     kind = kinds.of(candidate)
     model = kind.fit(candidate.params, values, y, plan.task, plan.seed, plan.threads, meta)
     return [member_row(candidate, 1.0, candidate.params, kind.serialize(model), meta)]
+
+
+def keyed_members(plan: Plan, key: tuple, members: list[dict[str, Any]]) -> list[dict]:
+    """A segment's serialized members, each with the segment's key columns."""
+    keys = dict(zip(plan.segment_by, key, strict=True))
+    return [keys | member for member in members]
+
+
+def segment_rows(block: pa.Table, plan: Plan, key: tuple) -> pd.DataFrame:
+    """One segment's rows of a block, as the frame the segment logic takes."""
+    start, end = next((s, e) for k, s, e in segment_bounds(block, plan.segment_by) if k == key)
+    return block.slice(start, end - start).select(plan.columns).to_pandas()
