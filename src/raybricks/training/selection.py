@@ -24,6 +24,7 @@ import numpy as np
 
 from raybricks import metrics
 from raybricks.config import RESERVED_NAMES, CandidateConfig
+from raybricks.kinds import CLASSIFICATION
 
 if TYPE_CHECKING:
     from raybricks.training.segment import Plan
@@ -101,7 +102,7 @@ def shown_better(y: np.ndarray, pred: np.ndarray, incumbent: np.ndarray, plan: P
     gives it almost no probability looks best there and pays on the rows that have it;
     on the flight cancellations such local picks lost to the global model on later
     months)."""
-    if plan.task in ("binary", "multiclass") and len(np.unique(y)) < n_classes(incumbent):
+    if plan.task in CLASSIFICATION and len(np.unique(y)) < n_classes(incumbent):
         return False
     return metrics.metric(plan.metric).clearly_better(y, pred, incumbent, plan.margin,
                                                       time_blocks(plan))
@@ -120,11 +121,10 @@ def shrunk(chosen: list[tuple[Evaluation, float]], fallback: Evaluation, share: 
     removed most of the loss where it was not (docs/benchmarks.md)."""
     if share <= 0:
         return chosen
-    weights = {id(e): w * (1 - share) for e, w in chosen}
-    weights[id(fallback)] = weights.get(id(fallback), 0.0) + share
-    members = [e for e, _ in chosen] + ([] if id(fallback) in
-                                         {id(e) for e, _ in chosen} else [fallback])
-    return [(e, weights[id(e)]) for e in members]
+    found = [(e, w * (1 - share)) for e, w in chosen]
+    if all(e is not fallback for e, _ in chosen):
+        found.append((fallback, 0.0))
+    return [(e, w + share if e is fallback else w) for e, w in found]
 
 
 def time_blocks(plan: Plan) -> int | None:
