@@ -291,5 +291,17 @@ def stop_spark() -> None:
             spark.stop()
 
 
+def run() -> None:
+    """The ``raybricks`` command: ``main``, then exit with its code. An interrupted run
+    ends without the interpreter's finalization once its message is out: Ray, gRPC and
+    Py4J threads cut short mid-start can crash there (SIGSEGV instead of exit 130)."""
+    code = main()
+    if code == INTERRUPTED:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()
