@@ -27,6 +27,7 @@ $(STAMP): pyproject.toml uv.lock | $(UV)
 
 test: setup
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports
 	ci/runtimes/test latest
 
 demo: setup
@@ -39,6 +40,7 @@ ui-check: setup
 
 lint: setup
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports
 
 bench: setup
 	$(VENV)/bin/python bench/bench_training.py

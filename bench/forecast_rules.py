@@ -76,19 +76,21 @@ _DATA: Dataset | None = None
 def _backtest_one(uid: str) -> Backtested | None:
     from raybricks import kinds
     from raybricks.kinds.forecasting import TIME, future_times
-    from raybricks.training import forecast as fc
-    from raybricks.training.segment import Skip, stable_seed
+    from raybricks.training.forecast import backtest as fc
+    from raybricks.training.forecast.series import clean_series, scale, windows
+    from raybricks.training.plan import stable_seed
+    from raybricks.training.selection import Skip
 
     plan, data = _PLAN, _DATA
     rows = data.train[data.train.unique_id == uid]
     try:
-        series = fc.clean_series(rows, plan)
+        series = clean_series(rows, plan)
     except Skip:
         return None
     spec, y = plan.forecast, series.y
-    origins = fc.windows(len(y), spec)
+    origins = windows(len(y), spec)
     actual = np.concatenate([y[o:o + spec["horizon"]] for o in origins])
-    divisor = fc.scale(y[:origins[0]], spec["season_length"])
+    divisor = scale(y[:origins[0]], spec["season_length"])
     backtests, held_out = {}, {}
     future = pd.DataFrame({TIME: future_times(spec, series.frame[TIME].iloc[-1],
                                               spec["horizon"])})
@@ -116,7 +118,7 @@ def backtest_all(data: Dataset, cache: Path) -> list[Backtested]:
     path = cache / f"rules-{data.name}{suffix}.pkl"
     if path.exists():  # plain dicts: readable whichever module ran the study
         return [Backtested(**found) for found in pickle.loads(path.read_bytes())]
-    from raybricks.training.segment import forecast_plan
+    from raybricks.training.forecast.task import forecast_plan
 
     global _PLAN, _DATA
     schema = pa.schema([("unique_id", pa.string()), ("ds", pa.timestamp("us")),

@@ -34,17 +34,10 @@ from raybricks.scoring import (
 )
 from raybricks.segmented_model import SegmentModel
 from raybricks.training import train_segments
-from raybricks.training.forecast import (
-    backtestable,
-    clean_series,
-    cross_selected_errors,
-    periods_per_week,
-    scale,
-    train_series,
-    windows,
-)
-from raybricks.training.segment import make_plan
+from raybricks.training.forecast.backtest import backtestable, cross_selected_errors, train_series
+from raybricks.training.forecast.series import clean_series, periods_per_week, scale, windows
 from raybricks.training.selection import Evaluation
+from raybricks.training.tasks import make_plan
 from tests.test_registry import BLOCK_RAYBRICKS
 
 HORIZON = 7
@@ -501,7 +494,7 @@ def test_empty_periods_before_the_first_value_are_dropped_between_values_gaps(tm
 
 
 def test_duplicate_dates_follow_forecast_duplicates(tmp_path):
-    from raybricks.training.segment import Skip
+    from raybricks.training.selection import Skip
 
     frame = series("d", 10 + np.arange(60.0) % 7)
     assert (frame.sales[10], frame.sales[30]) == (13.0, 12.0)
@@ -523,7 +516,7 @@ def test_duplicate_dates_follow_forecast_duplicates(tmp_path):
 
 
 def test_a_series_too_short_for_its_backtest_steps_down_a_ladder(tmp_path):
-    from raybricks.training.forecast import minimum_length
+    from raybricks.training.forecast.series import minimum_length
 
     rng = np.random.default_rng(2)
     t = np.arange(43)
@@ -949,9 +942,8 @@ def test_global_model_learns_across_series_from_static_columns(ray_on_spark, spa
 
 def test_the_global_backtest_of_a_block_is_each_series_own(tmp_path):
     from raybricks.data import segment_bounds
-    from raybricks.training import global_forecast as gf
-    from raybricks.training.forecast import clean_series, windows
-    from raybricks.training.segment import replace_plan
+    from raybricks.training.forecast import global_model as gf
+    from raybricks.training.plan import replace_plan
 
     data = typed_stores()
     data["promo"] = np.random.default_rng(1).integers(0, 2, len(data)).astype(float)
@@ -998,7 +990,7 @@ def test_the_global_backtest_of_a_block_is_each_series_own(tmp_path):
 
 
 def test_a_global_model_that_cannot_fit_says_why(tmp_path):
-    from raybricks.training.global_forecast import fit_global
+    from raybricks.training.forecast.global_model import fit_global
 
     data = typed_stores()
     config = forecast_job(tmp_path, fallback="global", min_rows=20,
@@ -1014,7 +1006,7 @@ def test_a_global_model_that_cannot_fit_says_why(tmp_path):
 
 
 def test_the_manifest_records_the_time_columns_type(tmp_path):
-    from raybricks.training.forecast import forecast_manifest
+    from raybricks.training.forecast.task import forecast_manifest
 
     frame = series("a", RISING)
     plan = plan_for(frame, tmp_path)

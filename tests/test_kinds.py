@@ -20,7 +20,8 @@ from raybricks.data import to_ray_dataset
 from raybricks.errors import ConfigError
 from raybricks.segmented_model import SegmentModel
 from raybricks.training import train_segments
-from raybricks.training.segment import make_plan, train_segment
+from raybricks.training.tabular.segment import train_segment
+from raybricks.training.tasks import make_plan
 from tests import helpers
 from tests.test_registry import BLOCK_RAYBRICKS
 from tests.test_training import job

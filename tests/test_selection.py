@@ -16,8 +16,10 @@ from raybricks.config import CandidateConfig
 from raybricks.data import to_ray_dataset
 from raybricks.segmented_model import SegmentModel
 from raybricks.training import train_segments
-from raybricks.training.segment import make_plan, make_splits, replace_plan, train_segment
+from raybricks.training.plan import replace_plan
 from raybricks.training.selection import Evaluation, reference, select, summarize
+from raybricks.training.tabular.segment import make_splits, train_segment
+from raybricks.training.tasks import make_plan
 from tests.test_training import job
 
 RIDGE = [{"name": "ridge", "kind": "sklearn", "estimator": "sklearn.linear_model.Ridge",

@@ -15,7 +15,8 @@ from raybricks.data import BlockSegments, to_ray_dataset
 from raybricks.errors import ConfigError, DataError
 from raybricks.segmented_model import MemberModel, SegmentModel
 from raybricks.training import train_segments
-from raybricks.training.segment import make_plan, train_segment
+from raybricks.training.tabular.segment import train_segment
+from raybricks.training.tasks import make_plan
 from tests import helpers
 
 CANDIDATES = [
@@ -312,13 +313,14 @@ def test_tasks_cap_every_thread_pool_of_the_candidates_libraries():
     from threadpoolctl import threadpool_info
 
     from raybricks.training.engine import limit_threads
+    from raybricks.training.tasks import task_of
 
     config = JobConfig.from_dict({
         "source": {"table": "t"}, "segment_by": ["store"], "target": "y", "models": CANDIDATES,
     })
     plan = make_plan(config, pa.Table.from_pandas(helpers.shops()).schema)
     for _ in range(2):  # the second task reuses the first one's scan of the libraries
-        with limit_threads(plan):
+        with limit_threads(task_of(config), plan):
             pools = threadpool_info()
             assert {p["internal_api"] for p in pools} >= {"openblas", "openmp"}
             assert all(p["num_threads"] == plan.threads == 1 for p in pools)

@@ -28,7 +28,7 @@ from raybricks.session import require_spark_context
 from raybricks.sources import read_source
 from raybricks.training import TrainingResult, train_segments
 from raybricks.training.engine import with_run_id
-from raybricks.training.segment import make_plan
+from raybricks.training.tasks import make_plan
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -106,7 +106,7 @@ def check_frequency(df: DataFrame, config: JobConfig, spec: dict) -> None:
     from pyspark.sql import functions as F
 
     from raybricks.kinds.forecasting import times_of
-    from raybricks.training.forecast import frequency_problem
+    from raybricks.training.forecast.series import frequency_problem
 
     keys, time = config.segment_by, config.time_column
     first = df.select(*keys).limit(FREQUENCY_SEGMENTS * 100).distinct().limit(

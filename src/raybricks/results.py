@@ -267,3 +267,12 @@ class TrainingResult:
             reason = self.columns(["reason"], FAILED).column("reason")[0].as_py()
             lines.append(f"failed: {counts[FAILED]}, e.g. {reason}")
         return "\n".join(lines)
+
+
+def keep_fallback(run_dir: Path, row: dict, members: list[dict]) -> list[dict] | None:
+    """Write the global model's result row and members into the run; its members."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "fallback.json").write_text(json.dumps(row, default=str))
+    if members:
+        write_part(run_dir, "fallback", parquet_bytes(rows_to_table(members)))
+    return members or None

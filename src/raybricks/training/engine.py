@@ -10,7 +10,7 @@ what finished, and ``resume`` retrains only the segments that have no result yet
 When there are fewer segments than CPUs, the engine spreads the work of each segment
 (candidates x settings) over tasks instead, with the segment's data in the object store
 once. Segments above ``training.large_segment_rows`` are trained data-parallel with
-Ray Train (see ``raybricks.training.large``).
+Ray Train (see ``raybricks.training.tabular.large``).
 
 Faults: a task whose worker dies is retried by Ray (``training.max_retries``); a run
 whose task is lost beyond that is retrained one segment per task, so only a segment that
@@ -29,7 +29,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import functools
-import json
 import logging
 import os
 import threading
@@ -44,7 +43,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from raybricks import console, kinds
+from raybricks import console
 from raybricks.compat import thread_limiter
 from raybricks.config import JobConfig
 from raybricks.data import BlockSegments, SegmentedDataset, segment_bounds
@@ -54,33 +53,24 @@ from raybricks.results import (
     TRAINED,
     Outcome,
     TrainingResult,
-    parquet_bytes,
     part_files,
     read_parts,
-    rows_to_table,
-    write_part,
 )
 from raybricks.segmented_model import KeyIndex
-from raybricks.training import global_forecast
-from raybricks.training import segment as seg
-from raybricks.training.forecast import forecast_manifest, future_example, train_series
-from raybricks.training.global_forecast import GLOBAL_ROWS
+from raybricks.training.plan import Plan, segment_rows, stable_seed
+from raybricks.training.remote import remote
 from raybricks.training.search import trial_settings
-from raybricks.training.segment import Plan
+from raybricks.training.selection import keyed_members, members_table, results_table
+from raybricks.training.tasks import Task, make_plan, task_of
 
 log = logging.getLogger(__name__)
-
-FALLBACK_ROWS = 1_000_000
-
-
-# --------------------------------------------------------------------------- results
 
 
 # --------------------------------------------------------------------------- tasks
 
 
 def train_block(
-    block: pa.Table, plan: Plan, only: frozenset | None = None,
+    block: pa.Table, task: Task, plan: Plan, only: frozenset | None = None,
     watch: Watch | None = None, rows: tuple[int, int] | None = None,
 ) -> Outcome:
     """Ray task body: train the segments of one block (``only``: just these segments;
@@ -91,41 +81,33 @@ def train_block(
         block = block.slice(rows[0], rows[1] - rows[0])
     skip = watch.timed_out() if watch is not None else set()
     results, members = [], []
-    # the columns are converted once per block; a segment's rows are slices of them
     frame = block.select(plan.columns).to_pandas()
-    columns = None if plan.forecast else seg.columns_of(frame, plan)
     todo = [(key, start, end) for key, start, end in segment_bounds(block, plan.segment_by)
             if key not in skip and (only is None or key in only)
             and not is_large(end - start, plan)]
-    with limit_threads(plan), SegmentWatchdog(watch) as watchdog:
-        batched = (global_forecast.block_backtests(frame, todo, plan)
-                   if plan.forecast and plan.global_members else {})
+    with limit_threads(task, plan), SegmentWatchdog(watch) as watchdog:
+        train = task.trainer(frame, todo, plan)
         for key, start, end in todo:
             watchdog.started(key)
-            if columns is None:  # task forecast: one series
-                row, segment_members = train_series(frame.iloc[start:end], key, plan,
-                                                    batched.get(key))
-            else:
-                row, segment_members = seg.train_segment(columns.rows(slice(start, end)),
-                                                         key, plan)
+            row, segment_members = train(key, start, end)
             watchdog.started(None)
             results.append(row)
-            members.extend(seg.keyed_members(plan, key, segment_members))
-    return Outcome.of(seg.results_table(results, plan), seg.members_table(members, plan))
+            members.extend(keyed_members(plan, key, segment_members))
+    return Outcome.of(results_table(results, plan), members_table(members, plan))
 
 
-def warm_up(plan: Plan) -> None:
+def warm_up(task: Task, plan: Plan) -> None:
     """Import the candidates' libraries and user code before any clock starts: a fresh
     worker's imports are not part of a segment's fit time."""
     for candidate in plan.candidates:
-        kinds.of(candidate, forecast=bool(plan.forecast)).warm_up()
+        task.kind(candidate).warm_up()
 
 
-def limit_threads(plan: Plan) -> contextlib.AbstractContextManager:
+def limit_threads(task: Task, plan: Plan) -> contextlib.AbstractContextManager:
     """Cap BLAS/OpenMP threads at ``plan.threads`` while a task trains. The candidates'
     libraries are imported first, so threadpoolctl sees them; its scan of the loaded
     libraries (a few milliseconds) is made once per worker and candidate set."""
-    warm_up(plan)
+    warm_up(task, plan)
     candidates = tuple((c.kind, c.estimator, c.function) for c in plan.candidates)
     return _thread_limiter(candidates, bool(plan.categorical))(plan.threads)
 
@@ -294,49 +276,6 @@ def segment_masks(bounds: list[BlockSegments], plan: Plan, previous: pa.Table
     return todo, large, sum(int(d.sum()) for d in done) if done else 0
 
 
-def sample_block(block: pa.Table, fraction: float, seed: int, columns: list[str]) -> pa.Table:
-    """A seeded random share of a block's rows (for the global fallback model)."""
-    block = block.select(columns)
-    if fraction >= 1:
-        return block
-    rng = np.random.default_rng(seed)
-    return block.take(np.flatnonzero(rng.random(block.num_rows) < fraction))
-
-
-def global_training_rows(block: pa.Table, plan: Plan, fraction: float, seed: int,
-                         splits: int) -> pa.Table | list[pa.Table]:
-    """Ray task body: per split number, a seeded share of the training rows of that split
-    of every segment of the block (the rows of segments that cannot be trained, whole):
-    what the global models compared with the local ones may learn from (one table for a
-    single split, as Ray's ``num_returns=1`` returns it)."""
-    block = block.select(plan.columns)
-    columns = seg.columns_of(block.to_pandas(), plan)
-    picks: list[list[np.ndarray]] = [[] for _ in range(splits)]
-    for key, start, end in segment_bounds(block, plan.segment_by):
-        try:
-            prep = seg.prepare(columns.rows(slice(start, end)), plan, key)
-        except Exception:  # noqa: BLE001 - not validated: all its rows may teach
-            for pick in picks:
-                pick.append(np.arange(start, end))
-            continue
-        positions = (np.arange(prep.n_rows) if prep.positions is None else prep.positions)
-        for number, (train, _) in enumerate(prep.splits[:splits]):
-            picks[number].append(start + positions[train])
-    rng = np.random.default_rng(seed)
-    tables = []
-    for pick in picks:
-        rows = np.concatenate(pick) if pick else np.array([], dtype=np.int64)
-        tables.append(block.take(rows[rng.random(len(rows)) < fraction]))
-    return tables[0] if splits == 1 else tables
-
-
-def train_fallback(plan: Plan, *samples: pa.Table) -> tuple[dict, list[dict]]:
-    """Ray task body: one model over (a sample of) all rows, whatever the segment."""
-    frame = pa.concat_tables(samples, promote_options="permissive").to_pandas()
-    key = tuple(None for _ in plan.segment_by)
-    return seg.train_segment(frame, key, plan)
-
-
 # --------------------------------------------------------------------------- driver
 
 
@@ -371,28 +310,10 @@ def train_segments(
             "continue it, or pick another training.run_id"
         )
     threads = max(int(max(c.resources.num_cpus for c in config.models)), 1)
-    plan = seg.make_plan(config, segmented.schema, threads)
-    if plan.forecast:  # the last period of any series: series ending before it are noted
-        plan = seg.replace_plan(plan, forecast=plan.forecast | {
-            "end": series_end(segmented.block_refs(), plan.time_column)})
-    global_plan = seg.global_plan(plan, config, segmented.schema)
-    forecast_fallback = None
-    if plan.forecast and config.fallback == "global":
-        models, error = _forecast_global_models(segmented.block_refs(), plan, config,
-                                                segmented.num_rows)
-        if error is None:
-            plan = seg.replace_plan(plan, global_members=models[:-1],
-                                    global_token=uuid.uuid4().hex)
-            forecast_fallback = ({"status": TRAINED}, models[-1])
-        else:
-            log.warning("the global model was not trained (%s): every series trains "
-                        "without it", error)
-            forecast_fallback = ({"status": FAILED, "error": error}, [])
-    elif config.fallback == "global" and config.selection == "all":
-        members = _split_global_models(segmented.block_refs(), plan, global_plan,
-                                       segmented.num_rows)
-        if all(members):  # every split's global model trained
-            plan = seg.replace_plan(plan, global_members=members, global_token=uuid.uuid4().hex)
+    task = task_of(config)
+    plan = make_plan(config, segmented.schema, threads)
+    shared = task.share(segmented.block_refs(), plan, config, segmented.num_rows)
+    plan = shared.plan
     refs = segmented.block_refs()
     previous = read_parts(run_dir / "results", plan.segment_by) if config.training.resume \
         else pa.table({})
@@ -408,28 +329,23 @@ def train_segments(
     # with a time limit per segment, segments train in packed tasks, which enforce it
     lost: list[tuple] = []
     if (0 < n_todo < cpus and not done and config.training.segment_timeout_s is None
-            and not plan.forecast):
+            and task.spreads):
         lost = _run_spread(refs, [b.key_tuples(t) for b, t in zip(bounds, todo, strict=True)],
-                           plan, config, run_dir)
+                           task, plan, config, run_dir)
     elif n_todo:
         slots = max(cpus // plan.threads, 1)
         chunks = make_chunks(todo, bounds, slots)
-        lost = _run_packed(refs, bounds, chunks, slots, plan, config, run_dir, n_todo,
+        lost = _run_packed(refs, bounds, chunks, slots, task, plan, config, run_dir, n_todo,
                            progress)
     if lost:
         raise data_lost(run_id, run_dir, len(lost), sum(len(b) for b in bounds))
     if n_large:
-        from raybricks.training.large import train_large_segments
-
-        train_large_segments(refs, [b.key_tuples(x) for b, x in zip(bounds, large, strict=True)],
-                             plan, config, run_dir)
+        task.train_large(refs, [b.key_tuples(x) for b, x in zip(bounds, large, strict=True)],
+                         plan, config, run_dir)
     try:
-        if forecast_fallback is None:
-            fallback = _run_fallback(refs, global_plan, config, segmented.num_rows, run_dir)
-        else:
-            fallback = _keep_fallback(run_dir, *forecast_fallback)
-        example = input_example(refs, bounds, first_trained(run_dir, plan.segment_by), plan,
-                                segmented.schema)
+        fallback = shared.fallback(run_dir)
+        example = input_example(refs, bounds, first_trained(run_dir, plan.segment_by), task,
+                                plan, segmented.schema)
     except ray.exceptions.RayError:
         if not any(blocks_lost(refs)):
             raise
@@ -437,25 +353,9 @@ def train_segments(
     result = TrainingResult(run_id, run_dir, plan.segment_by, plan.metric, fallback,
                             time.perf_counter() - start, task=plan.task,
                             features=plan.features, example=example,
-                            forecast=forecast_manifest(plan, segmented.schema))
+                            forecast=task.manifest(plan, segmented.schema))
     log.info("%s", result.summary())
     return result
-
-
-def block_end(block: pa.Table, column: str) -> Any:
-    """Ray task body: the latest value of a block's time column, as pandas reads it."""
-    import pyarrow.compute as pc
-
-    return pc.max(block.column(column)).as_py()
-
-
-def series_end(refs, time_column: str) -> Any:
-    """The latest period of the whole dataset (the end of the longest series)."""
-    import ray
-
-    ends = [e for e in ray.get([_remote(block_end).remote(ref, time_column) for ref in refs])
-            if e is not None]
-    return str(max(ends)) if ends and not isinstance(ends[0], int) else max(ends, default=None)
 
 
 def first_trained(run_dir: Path, segment_by: list[str]) -> tuple | None:
@@ -471,37 +371,25 @@ def first_trained(run_dir: Path, segment_by: list[str]) -> tuple | None:
     return None
 
 
-def input_example(refs, bounds, wanted: tuple | None, plan: Plan, schema: pa.Schema
-                  ) -> pd.DataFrame | None:
-    """A few input rows (segment columns and features) of a trained segment, if any
-    (task forecast: the periods after its history); integer features as pandas
+def input_example(refs, bounds, wanted: tuple | None, task: Task, plan: Plan,
+                  schema: pa.Schema) -> pd.DataFrame | None:
+    """The task's input example (``Task.example``) from the rows of a trained segment, if
+    any (else of the first segment); integer features as pandas
     ``Int64``, which keeps them integers where a value is missing."""
     import ray
 
     for ref, block in zip(refs, bounds, strict=True):
         if len(block) and (wanted is None or wanted in block):
             key = wanted if wanted is not None else block.key_tuples(slice(0, 1))[0]
-            rows = seg.segment_rows(ray.get(ref), plan, key)
-            if plan.forecast:
-                rows = future_example(rows, plan)
-            else:
-                rows = rows[plan.segment_by + plan.features].head(5).reset_index(drop=True)
+            rows = task.example(segment_rows(ray.get(ref), plan, key), plan)
             return rows.astype({field.name: "Int64" for field in schema
                                 if field.name in plan.features and pa.types.is_integer(field.type)})
     return None
 
 
-@functools.cache
-def _remote(fn, **options):
-    """``fn`` as a Ray remote function, made once per options: Ray exports a new remote
-    function to the cluster on its first call (about 4 ms per job otherwise)."""
-    import ray
-
-    return ray.remote(**options)(fn) if options else ray.remote(fn)
-
-
-def _run_packed(refs, bounds: list[BlockSegments], chunks: list[Chunk], slots: int, plan,
-                config, run_dir, n_todo, progress) -> list[tuple]:
+def _run_packed(refs, bounds: list[BlockSegments], chunks: list[Chunk], slots: int,
+                task: Task, plan: Plan, config: JobConfig, run_dir: Path, n_todo: int,
+                progress: bool | None) -> list[tuple]:
     """One task per chunk of segments, at most ``slots`` at a time (one per CPU slot: the
     next chunk is submitted when a CPU frees, so it goes to that CPU); results written as
     they arrive. A chunk lost beyond its retries is retrained one segment per task, unless
@@ -515,7 +403,7 @@ def _run_packed(refs, bounds: list[BlockSegments], chunks: list[Chunk], slots: i
         "max_retries": config.training.max_retries,
         "retry_exceptions": False,
     }
-    task = _remote(train_block, **options)
+    train = remote(train_block, **options)
     limit = config.training.segment_timeout_s
     watch = Watch(limit, ray.remote(num_cpus=0)(TimeoutBoard).remote()) if limit else None
     plan_ref = ray.put(plan)
@@ -530,7 +418,8 @@ def _run_packed(refs, bounds: list[BlockSegments], chunks: list[Chunk], slots: i
         while waiting and len(pending) < slots:
             chunk, only = waiting.popleft()
             rows = (chunk.start, chunk.end)
-            pending[task.remote(refs[chunk.block], plan_ref, only, watch, rows)] = (chunk, only)
+            pending[train.remote(refs[chunk.block], task, plan_ref, only, watch, rows)] = (
+                chunk, only)
 
     attempt = uuid.uuid4().hex[:8]
     show = config.training.progress if progress is None else progress
@@ -582,7 +471,7 @@ def blocks_lost(refs: list) -> list[bool]:
     Checked by a task next to each block, so nothing moves to the driver."""
     import ray
 
-    probes = [_remote(_block_rows, num_cpus=0).remote(ref) for ref in refs]
+    probes = [remote(_block_rows, num_cpus=0).remote(ref) for ref in refs]
     lost = []
     for probe in probes:
         try:
@@ -621,7 +510,7 @@ def failed_rows(keys: Iterable[tuple], plan: Plan, reason: str | list[str]) -> p
     """``failed`` result rows for these segments, with one reason or one each."""
     keys = list(keys)
     reasons = [reason] * len(keys) if isinstance(reason, str) else reason
-    return seg.results_table([
+    return results_table([
         dict(zip(plan.segment_by, key, strict=True)) | {"status": FAILED, "reason": why}
         for key, why in zip(keys, reasons, strict=True)
     ], plan)
@@ -638,16 +527,18 @@ def _write_timed_out(watch: Watch, limit: float, plan: Plan, run_dir: Path, atte
         run_dir, f"part-timeout-{attempt}")
 
 
-def _run_spread(refs, todo, plan: Plan, config: JobConfig, run_dir: Path) -> list[tuple]:
+def _run_spread(refs, todo, task: Task, plan: Plan, config: JobConfig, run_dir: Path
+                ) -> list[tuple]:
     """Few segments: every (candidate, setting) of every segment is its own task, over
     the segment's prepared data put in the object store once. Returns the keys whose
     block was lost (they have no result)."""
     import ray
 
     retries = config.training.max_retries
-    prepare = _remote(_prepare_slice, max_retries=retries)
-    evaluate = _remote(_evaluate_setting, num_cpus=plan.threads, max_retries=retries)
-    finish = _remote(_finish_segment, num_cpus=plan.threads, max_retries=retries)
+    prepare_fn, evaluate_fn, finish_fn = task.spread_functions()
+    prepare = remote(prepare_fn, max_retries=retries)
+    evaluate = remote(evaluate_fn, num_cpus=plan.threads, max_retries=retries)
+    finish = remote(finish_fn, num_cpus=plan.threads, max_retries=retries)
     outputs, blocks = {}, {}
     for block_ref, keys in zip(refs, todo, strict=True):
         for key in keys:
@@ -655,7 +546,7 @@ def _run_spread(refs, todo, plan: Plan, config: JobConfig, run_dir: Path) -> lis
             trials = {
                 c.name: [
                     evaluate.remote(prep_ref, plan, key, c.name, params)
-                    for params in trial_settings(c, seg.stable_seed(plan.seed, key, c.name))
+                    for params in trial_settings(c, stable_seed(plan.seed, key, c.name))
                 ]
                 for c in plan.candidates
             }
@@ -671,101 +562,9 @@ def _run_spread(refs, todo, plan: Plan, config: JobConfig, run_dir: Path) -> lis
                 continue
             row, rows = _lost_block([key], plan, exc).to_pylist()[0], []
         results.append(row)
-        members.extend(seg.keyed_members(plan, key, rows))
-    Outcome.of(seg.results_table(results, plan), seg.members_table(members, plan)).write(
+        members.extend(keyed_members(plan, key, rows))
+    Outcome.of(results_table(results, plan), members_table(members, plan)).write(
         run_dir, f"part-spread-{uuid.uuid4().hex[:8]}")
     return lost
 
 
-def _prepare_slice(block: pa.Table, plan: Plan, key: tuple):
-    """The prepared segment, kept in the object store; or, when it cannot be prepared,
-    its finished result (skipped or failed) as ``train_segment`` makes it."""
-    rows = seg.segment_rows(block, plan, key)
-    try:
-        return seg.prepare(rows, plan, key)
-    except Exception:  # noqa: BLE001 - Skip or failure, reported by _finish_segment
-        return seg.train_segment(rows, key, plan)
-
-
-def _evaluate_setting(prep, plan: Plan, key: tuple, name: str, params: dict):
-    if not isinstance(prep, seg.Prepared):
-        return None
-    candidate = next(c for c in plan.candidates if c.name == name)
-    one = seg.replace_search(candidate, params)
-    evaluation = seg.evaluate(prep, one, plan, key)
-    evaluation.split_models = []  # not needed back on the driver
-    return evaluation
-
-
-def _finish_segment(prep, plan: Plan, key: tuple, trials: dict[str, list]):
-    """Pick each candidate's best setting, ensemble, refit; the segment's result row."""
-    import ray
-
-    if not isinstance(prep, seg.Prepared):  # skipped or failed: already its result
-        return prep
-    evaluations = []
-    for name, refs in trials.items():
-        found = [e for e in ray.get(refs) if e is not None]
-        candidate = next(c for c in plan.candidates if c.name == name)
-        evaluations.append(seg.best_of(found, candidate, plan))
-    evaluations += [seg.evaluate(prep, c, plan, key) for c in plan.pool]
-    if plan.global_members:
-        evaluations.append(seg.evaluate_global(prep, plan, key))
-    return seg.finish(prep, evaluations, plan, key)
-
-
-def _split_global_models(refs, plan: Plan, global_plan: Plan, num_rows: int
-                         ) -> list[list[dict]]:
-    """The global model of each split number, each trained on the training rows of that
-    split of every segment (sampled to at most FALLBACK_ROWS): what every segment's
-    local models compete with on its validation rows."""
-    import ray
-
-    splits = plan.folds if plan.method == "kfold" else 1
-    fraction = min(1.0, FALLBACK_ROWS / max(num_rows, 1))
-    gather = _remote(global_training_rows, num_returns=splits)
-    parts = [gather.remote(ref, plan, fraction, plan.seed + i, splits)
-             for i, ref in enumerate(refs)]
-    if splits == 1:
-        parts = [[part] for part in parts]
-    fits = [_remote(train_fallback).remote(global_plan, *[part[n] for part in parts])
-            for n in range(splits)]
-    return [members for _, members in ray.get(fits)]
-
-
-def _run_fallback(refs, global_plan: Plan, config: JobConfig, num_rows: int, run_dir: Path):
-    """The global model over all rows (sampled to at most FALLBACK_ROWS), if asked for."""
-    import ray
-
-    if config.fallback != "global":
-        return None
-    fraction = min(1.0, FALLBACK_ROWS / max(num_rows, 1))
-    sampler = _remote(sample_block)
-    samples = [sampler.remote(ref, fraction, global_plan.seed + i, global_plan.columns)
-               for i, ref in enumerate(refs)]
-    row, members = ray.get(_remote(train_fallback).remote(global_plan, *samples))
-    return _keep_fallback(run_dir, {k: v for k, v in row.items()
-                                    if k not in global_plan.segment_by}, members)
-
-
-def _keep_fallback(run_dir: Path, row: dict, members: list[dict]) -> list[dict] | None:
-    """Write the global model's result row and members into the run; its members."""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "fallback.json").write_text(json.dumps(row, default=str))
-    if members:
-        write_part(run_dir, "fallback", parquet_bytes(rows_to_table(members)))
-    return members or None
-
-
-def _forecast_global_models(refs, plan: Plan, config: JobConfig, num_rows: int
-                            ) -> tuple[list[list[dict]], str | None]:
-    """Task forecast: the global model of every backtest window (what each series'
-    backtest compares) and over whole series (the fallback, last), from the series of
-    every block (sampled to about GLOBAL_ROWS rows); or no models and why."""
-    import ray
-
-    fraction = min(1.0, GLOBAL_ROWS / max(num_rows, 1))
-    gather = _remote(global_forecast.series_rows)
-    parts = [gather.remote(ref, plan, fraction, plan.seed + i, i) for i, ref in enumerate(refs)]
-    fit = _remote(global_forecast.fit_global, num_cpus=plan.threads)
-    return ray.get(fit.remote(global_forecast.global_candidate(config), plan, *parts))

@@ -17,17 +17,20 @@ score.
 from __future__ import annotations
 
 import json
+import traceback
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import pyarrow as pa
 
 from raybricks import metrics
 from raybricks.config import RESERVED_NAMES, CandidateConfig
 from raybricks.kinds import CLASSIFICATION
+from raybricks.results import FAILED, SKIPPED, members_schema, result_schema
 
 if TYPE_CHECKING:
-    from raybricks.training.segment import Plan
+    from raybricks.training.plan import Plan
 
 
 @dataclass
@@ -218,3 +221,61 @@ def summarize(
     row["chosen"] = json.dumps([choice_label(e.candidate, plan) for e, _ in chosen])
     row["weights"] = json.dumps([round(w, 6) for _, w in chosen])
     return chosen
+
+
+class Skip(Exception):
+    """A segment that cannot be trained, with the reason users will read."""
+
+
+def member_row(candidate: CandidateConfig, weight: float, params: dict[str, Any] | None,
+               payload: bytes, meta: dict[str, Any]) -> dict[str, Any]:
+    """One serialized member of a segment's model, as the models table stores it."""
+    return {
+        "candidate": candidate.name,
+        "kind": candidate.kind,
+        "weight": float(weight),
+        "params": json.dumps(params, default=str, sort_keys=True),
+        "payload": payload,
+        "meta": json.dumps(meta, default=str),
+    }
+
+
+def results_table(rows: list[dict[str, Any]], plan: Plan) -> pa.Table:
+    """Result rows as a table of the run's result schema (a column no row has is null)."""
+    names = [c.name for c in plan.candidates] + (["global"] if plan.global_members else [])
+    schema = result_schema(key_fields(plan), plan.metric, names)
+    return pa.Table.from_pylist(rows, schema=schema)
+
+
+def members_table(rows: list[dict[str, Any]], plan: Plan) -> pa.Table:
+    """Serialized members keyed by their segment (``keyed_members``) as a table."""
+    return pa.Table.from_pylist(rows, schema=members_schema(key_fields(plan)))
+
+
+def key_fields(plan: Plan) -> list[pa.Field]:
+    """The segment columns as nullable fields (a key may be null)."""
+    return [pa.field(f.name, f.type) for f in plan.key_fields]
+
+
+def key_row(plan: Plan, key: tuple, n_rows: int) -> dict[str, Any]:
+    row: dict[str, Any] = dict(zip(plan.segment_by, key, strict=True))
+    row.update(status=FAILED, reason=None, n_rows=n_rows)
+    return row
+
+
+def result_for_error(error: BaseException, plan: Plan, key: tuple, n_rows: int = 0):
+    """The result row of a segment that was skipped (Skip) or failed (anything else)."""
+    row = key_row(plan, key, n_rows)
+    if isinstance(error, Skip):
+        row.update(status=SKIPPED, reason=str(error))
+    else:
+        frames = traceback.extract_tb(error.__traceback__)
+        where = f" (at {frames[-1].filename}:{frames[-1].lineno})" if frames else ""
+        row["reason"] = f"{type(error).__name__}: {error}{where}"
+    return row
+
+
+def keyed_members(plan: Plan, key: tuple, members: list[dict[str, Any]]) -> list[dict]:
+    """A segment's serialized members, each with the segment's key columns."""
+    keys = dict(zip(plan.segment_by, key, strict=True))
+    return [keys | member for member in members]

@@ -34,11 +34,22 @@ from raybricks import kinds, metrics
 from raybricks.compat import train_scaling, tune_report, tune_run_config
 from raybricks.config import CandidateConfig, JobConfig
 from raybricks.kinds import prepare_features
-from raybricks.results import Outcome
+from raybricks.results import TRAINED, Outcome
 from raybricks.segmented_model import MemberModel
-from raybricks.training import segment as seg
-from raybricks.training.segment import Plan
-from raybricks.training.selection import Evaluation, summarize
+from raybricks.training.plan import Plan, segment_rows, stable_seed
+from raybricks.training.search import trial_settings
+from raybricks.training.selection import (
+    Evaluation,
+    Skip,
+    key_row,
+    keyed_members,
+    member_row,
+    members_table,
+    result_for_error,
+    results_table,
+    summarize,
+)
+from raybricks.training.tabular import segment as seg
 
 log = logging.getLogger(__name__)
 
@@ -60,17 +71,17 @@ def train_large_segments(refs, large_keys, plan: Plan, config: JobConfig, run_di
             try:
                 row, members = train_large_segment(block_ref, key, plan, config, run_dir)
             except Exception as exc:  # noqa: BLE001 - a bad segment never stops the job
-                row, members = seg.result_for_error(exc, plan, key), []
+                row, members = result_for_error(exc, plan, key), []
             Outcome.of(
-                seg.results_table([row], plan),
-                seg.members_table(seg.keyed_members(plan, key, members), plan),
+                results_table([row], plan),
+                members_table(keyed_members(plan, key, members), plan),
             ).write(run_dir, f"part-large-{uuid.uuid4().hex[:10]}")
 
 
 def train_one_segment(block: pa.Table, plan: Plan, key: tuple):
     """Ray task body: a large segment without boosting candidates, trained in one task."""
 
-    return seg.train_segment(seg.segment_rows(block, plan, key), key, plan)
+    return seg.train_segment(segment_rows(block, plan, key), key, plan)
 
 
 def split_segment(block: pa.Table, plan: Plan, key: tuple):
@@ -80,8 +91,8 @@ def split_segment(block: pa.Table, plan: Plan, key: tuple):
     ``skip``, the reason it cannot be trained)."""
 
     try:
-        prep = seg.prepare(seg.segment_rows(block, plan, key), plan, key)
-    except seg.Skip as skip:
+        prep = seg.prepare(segment_rows(block, plan, key), plan, key)
+    except Skip as skip:
         return None, None, {"skip": str(skip)}
     train, valid = prep.splits[0]
     table = pa.Table.from_pandas(prep.X.assign(**{LABEL: prep.y}), preserve_index=False)
@@ -151,7 +162,7 @@ def fit_data_parallel(
     kind = kinds.of(candidate)
     params, rounds = kind.native_params(candidate.params, plan.task,
                                         len(meta.get("classes") or []))
-    params["seed"] = seg.stable_seed(plan.seed, candidate.name, "large")
+    params["seed"] = stable_seed(plan.seed, candidate.name, "large")
     loop_config = {"params": params, "rounds": rounds, "meta": meta, "tables": tables,
                    "candidate": candidate}
     scaling = train_scaling(
@@ -186,9 +197,8 @@ def tune_candidate(candidate: CandidateConfig, train_ref, valid_ref, meta: dict,
     from ray import tune
     from ray.tune.schedulers import ASHAScheduler
 
-    from raybricks.training.search import trial_settings
 
-    settings = trial_settings(candidate, seg.stable_seed(plan.seed, candidate.name, "tune"))
+    settings = trial_settings(candidate, stable_seed(plan.seed, candidate.name, "tune"))
     _, rounds = kinds.of(candidate).native_params(candidate.params, plan.task,
                                                    len(meta.get("classes") or []))
     trainable = tune.with_resources(
@@ -227,7 +237,7 @@ def train_large_segment(
         block_ref, plan, key)
     info = ray.get(info_ref)
     if "skip" in info:
-        return seg.result_for_error(seg.Skip(info["skip"]), plan, key), []
+        return result_for_error(Skip(info["skip"]), plan, key), []
     meta = info["meta"]
     storage = run_dir / "ray_train"
     predict = ray.remote(predict_rows)
@@ -245,7 +255,7 @@ def train_large_segment(
                                           [payload]))
         except Exception as exc:  # noqa: BLE001 - one candidate failing is recorded
             evaluations.append(Evaluation(candidate, error=f"{type(exc).__name__}: {exc}"))
-    row = seg.key_row(plan, key, info["n_rows"])
+    row = key_row(plan, key, info["n_rows"])
     chosen = summarize(row, evaluations + info["pool"], info["y_valid"], info["baseline"],
                        plan)
     skipped = [c.name for c in plan.candidates if not data_parallel(c)]
@@ -256,13 +266,13 @@ def train_large_segment(
         if evaluation.candidate.name in info["pool_members"]:  # the baseline, the global
             stored = info["pool_members"][evaluation.candidate.name]
             if len(chosen) > 1 and not stored:  # the global model alone stores nothing
-                stored = [seg.member_row(evaluation.candidate, 1.0, {}, b"", meta)]
+                stored = [member_row(evaluation.candidate, 1.0, {}, b"", meta)]
             members += [member | {"weight": float(weight)} for member in stored]
             continue
         payload = (fit_data_parallel(evaluation.candidate, [train_ref, valid_ref], meta, plan,
                                      config, storage)
                    if plan.refit else evaluation.split_models[0])
-        members.append(seg.member_row(evaluation.candidate, weight, evaluation.params,
+        members.append(member_row(evaluation.candidate, weight, evaluation.params,
                                       payload, meta))
-    row["status"] = seg.TRAINED
+    row["status"] = TRAINED
     return row, members

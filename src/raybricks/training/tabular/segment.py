@@ -1,233 +1,37 @@
-"""Training one segment: checks, validation splits, candidate search, ensemble, refit.
+"""Training one segment of a table: checks, validation splits, candidate search, the
+global model's and the baseline's scores, selection, refit.
 
-Everything here is plain Python on one segment's pandas frame, so the packed engine,
-the few-segments engine and the global fallback all share it.
+Plain Python on one segment's pandas frame or ``Columns``, so the packed path, the
+spread path (``tabular_task.py``), large segments (``large.py``) and the global models
+all share it.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 import time
-import traceback
 import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import pandas as pd
-import pyarrow as pa
 
 from raybricks import kinds, metrics
-from raybricks.config import CandidateConfig, JobConfig
-from raybricks.data import segment_bounds
-from raybricks.errors import DataError
+from raybricks.config import CandidateConfig
 from raybricks.kinds import CLASSIFICATION, ModelKind, filled_input, prepare_features
-from raybricks.results import (
-    FAILED,
-    SKIPPED,
-    TRAINED,
-    members_schema,
-    result_schema,
-)
-from raybricks.segmented_model import SegmentModel, align_classes
+from raybricks.results import TRAINED
+from raybricks.segmented_model import align_classes
+from raybricks.training.plan import GLOBAL, Plan, global_models, stable_seed
 from raybricks.training.search import trial_settings
-from raybricks.training.selection import Evaluation, summarize
-
-
-@dataclass
-class Plan:
-    """What every task needs to train segments, resolved once on the driver."""
-
-    segment_by: list[str]
-    target: str
-    features: list[str]
-    categorical: list[str]
-    time_column: str | None
-    task: str
-    metric: str
-    method: str
-    fraction: float
-    folds: int
-    candidates: list[CandidateConfig]
-    ensemble: str
-    top_k: int
-    within: float | None  # blend members at most this share worse than the best (None: any)
-    margin: float  # standard errors a local choice must beat the baseline/global model by
-    shrink: float  # the reference's share of a local choice's weight
-    refit: bool
-    min_rows: int
-    seed: int
-    threads: int = 1
-    large_segment_rows: int = 0  # segments above this go to Ray Train (0: none)
-    selection: str = "local_only"  # "all": the baseline (and global model) compete too
-    pool: list[CandidateConfig] = field(default_factory=list)  # the competing non-locals
-    # the global model of each split (members), trained on the training rows of every
-    # segment's split (``selection: all`` with ``fallback: global``)
-    global_members: list[list[dict[str, Any]]] = field(default_factory=list)
-    global_token: str = ""
-    serve_skipped: bool = False  # skipped segments get their baseline (no global model)
-    key_fields: list[pa.Field] = field(default_factory=list)  # segment columns' types
-    forecast: dict[str, Any] | None = None  # task forecast: ``forecast.forecast_spec``
-
-    @property
-    def columns(self) -> list[str]:
-        extra = [self.time_column] if self.time_column else []
-        static = self.forecast["static"] if self.forecast else []
-        return list(dict.fromkeys(self.segment_by + self.features + [self.target] + extra
-                                  + static))
-
-
-UNSUPPORTED = (pa.types.is_nested, pa.types.is_binary, pa.types.is_large_binary)
-
-
-def make_plan(config: JobConfig, schema: pa.Schema, threads: int = 1) -> Plan:
-    """Resolve features and their kinds from the table's schema; refuse what cannot work."""
-    if config.task == "forecast":
-        return forecast_plan(config, schema, threads)
-    names = schema.names
-    needed = config.segment_by + [config.target] + (config.features or [])
-    if config.time_column:
-        needed.append(config.time_column)
-    missing = [c for c in needed if c not in names]
-    if missing:
-        raise DataError(f"column(s) {missing} not in the data; it has {names}")
-    exclude = set(config.segment_by) | {config.target}
-    if config.time_column:
-        exclude.add(config.time_column)
-    features = config.features or [n for n in names if n not in exclude]
-    if not features:
-        raise DataError("no feature columns: the table holds only keys, target and time")
-    bad = [f for f in features if any(test(schema.field(f).type) for test in UNSUPPORTED)]
-    if bad:
-        kinds = {f: str(schema.field(f).type) for f in bad}
-        raise DataError(
-            f"feature column(s) of unsupported type {kinds}: maps, arrays, structs and "
-            "binary cannot be features; drop them from features or derive numbers"
-        )
-    target_type = schema.field(config.target).type
-    if config.task == "regression" and not (
-        pa.types.is_integer(target_type) or pa.types.is_floating(target_type)
-        or pa.types.is_decimal(target_type) or pa.types.is_boolean(target_type)
-    ):
-        raise DataError(
-            f"target {config.target!r} is {target_type}, not numeric: task regression needs "
-            "a numeric target (or use task binary / multiclass)"
-        )
-    categorical = [f for f in features if is_categorical(schema.field(f).type)]
-    return Plan(
-        segment_by=list(config.segment_by), target=config.target, features=features,
-        categorical=categorical, time_column=config.time_column, task=config.task,
-        metric=config.metric, method=config.validation.method,
-        fraction=config.validation.fraction, folds=config.validation.folds,
-        candidates=[fitted_for_metric(c, config) for c in config.models],
-        ensemble=config.ensemble.method,
-        top_k=config.ensemble.top_k, within=config.ensemble.within,
-        margin=config.ensemble.margin, shrink=shrink_of(config, TABLE_SHRINK),
-        refit=config.refit, min_rows=config.min_rows,
-        seed=config.seed, threads=threads, selection=config.selection,
-        pool=competitors(config),
-        serve_skipped=config.selection == "all" and config.fallback != "global",
-        large_segment_rows=config.training.large_segment_rows,
-        key_fields=[schema.field(name) for name in config.segment_by],
-    )
-
-
-def forecast_plan(config: JobConfig, schema: pa.Schema, threads: int) -> Plan:
-    """Task forecast: the model's inputs are the time column and the exogenous columns;
-    every series competes with its naive forecast."""
-    from raybricks.training import forecast  # it builds on this module
-
-    spec = forecast.forecast_spec(config)
-    needed = config.segment_by + [config.target, config.time_column, *spec["exogenous"],
-                                  *spec["static"]]
-    missing = [c for c in needed if c not in schema.names]
-    if missing:
-        raise DataError(f"column(s) {missing} not in the data; it has {schema.names}")
-    for column in [config.target, *spec["exogenous"]]:
-        kind = schema.field(column).type
-        if not (pa.types.is_integer(kind) or pa.types.is_floating(kind)
-                or pa.types.is_decimal(kind)):
-            raise DataError(f"column {column!r} is {kind}, not numeric: task forecast needs "
-                            "a numeric target and numeric exogenous columns")
-    for column in spec["static"]:
-        kind = schema.field(column).type
-        if not (pa.types.is_integer(kind) or pa.types.is_floating(kind) or is_categorical(kind)
-                or pa.types.is_boolean(kind) or pa.types.is_decimal(kind)):
-            raise DataError(f"static column {column!r} is {kind}: static columns hold "
-                            "numbers or strings (one value per series)")
-    time_type = schema.field(config.time_column).type
-    dated = pa.types.is_timestamp(time_type) or pa.types.is_date(time_type)
-    if dated != isinstance(spec["frequency"], str) or not (
-            dated or pa.types.is_integer(time_type)):
-        raise DataError(
-            f"time column {config.time_column!r} is {time_type} but forecast.frequency is "
-            f"{spec['frequency']!r}: dates and timestamps take a pandas frequency (D, W, MS, "
-            "h, ...), integer periods an integer step")
-    return Plan(
-        segment_by=list(config.segment_by), target=config.target,
-        features=[config.time_column, *spec["exogenous"]], categorical=[],
-        time_column=config.time_column, task=config.task, metric=config.metric,
-        method="backtest", fraction=0.0, folds=spec["windows"],
-        candidates=list(config.models), ensemble=config.ensemble.method,
-        top_k=config.ensemble.top_k, within=config.ensemble.within,
-        margin=config.ensemble.margin, shrink=shrink_of(config, 0.0),
-        refit=True, min_rows=config.min_rows, seed=config.seed,
-        threads=threads, selection=config.selection,
-        pool=forecast.baselines(spec) if config.selection == "all" else [],
-        serve_skipped=True, large_segment_rows=0, forecast=spec,
-        key_fields=[schema.field(name) for name in config.segment_by],
-    )
-
-
-def is_categorical(arrow_type: pa.DataType) -> bool:
-    """Strings and dictionaries are categorical features."""
-    return (pa.types.is_string(arrow_type) or pa.types.is_large_string(arrow_type)
-            or pa.types.is_dictionary(arrow_type))
-
-
-#: Regression metrics of absolute errors, for which candidates are fitted for them.
-ABSOLUTE_ERROR_METRICS = frozenset({"mae"})
-
-
-def fitted_for_metric(candidate: CandidateConfig, config: JobConfig) -> CandidateConfig:
-    """The candidate fitted for the job's metric where its kind knows how: for absolute
-    errors (mae) in regression, the kind's ``absolute_error`` parameters, unless the
-    candidate's params or search set them. Fitted for squared error, a model predicts
-    means, the wrong point for absolute errors on skewed targets (counts mostly zero: on
-    the county murder rates of docs/benchmarks.md, the global LightGBM's held-out median
-    MAE fell from 0.321 to 0.224, below the baseline's 0.241)."""
-    if config.task != "regression" or config.metric not in ABSOLUTE_ERROR_METRICS:
-        return candidate
-    extra = kinds.resolve(candidate.kind).absolute_error
-    if not extra or any(k in candidate.params or k in candidate.search for k in extra):
-        return candidate
-    return candidate.model_copy(update={"params": extra | candidate.params})
-
-
-#: ``ensemble.shrink`` of the table tasks when a job leaves it unset (docs/training.md).
-TABLE_SHRINK = 0.5
-
-
-def shrink_of(config: JobConfig, default: float) -> float:
-    """``ensemble.shrink``, or the task's default where the job leaves it unset."""
-    return default if config.ensemble.shrink is None else config.ensemble.shrink
-
-
-def competitors(config: JobConfig) -> list[CandidateConfig]:
-    """What competes with the local candidates in every segment (``selection: all``):
-    the naive baseline, as a member of its own."""
-    if config.selection == "local_only":
-        return []
-    strategy = "last" if config.validation.method == "time" else "mean"
-    return [CandidateConfig(name="baseline", kind="baseline", params={"strategy": strategy})]
-
-
-def stable_seed(*parts: Any) -> int:
-    """A seed derived from the job seed and names (stable across processes and runs)."""
-    digest = hashlib.blake2b(repr(parts).encode(), digest_size=4).digest()
-    return int.from_bytes(digest, "little")
+from raybricks.training.selection import (
+    Evaluation,
+    Skip,
+    key_row,
+    member_row,
+    result_for_error,
+    summarize,
+)
 
 
 @dataclass
@@ -306,10 +110,6 @@ class Prepared:
                 self.inputs[make] = make(self.X, self.meta)
             data = self.inputs[make]
         return data[indices] if isinstance(data, np.ndarray) else data.iloc[indices]
-
-
-class Skip(Exception):
-    """A segment that cannot be trained, with the reason users will read."""
 
 
 class ConstantTarget(Skip):
@@ -565,22 +365,8 @@ def evaluate(prep: Prepared, candidate: CandidateConfig, plan: Plan, key: tuple)
     return best
 
 
-GLOBAL = CandidateConfig(name="global", kind="global")
 #: What serves a constant segment where no baseline competes (``selection: local_only``).
 MEAN_BASELINE = CandidateConfig(name="baseline", kind="baseline", params={"strategy": "mean"})
-_LOADED_GLOBAL: dict[str, list[SegmentModel]] = {}
-
-
-def global_models(plan: Plan) -> list[SegmentModel]:
-    """The global model of each split, loaded once per process and job."""
-    if plan.global_token not in _LOADED_GLOBAL:
-        if len(_LOADED_GLOBAL) > 4:
-            _LOADED_GLOBAL.clear()
-        _LOADED_GLOBAL[plan.global_token] = [
-            SegmentModel.from_rows(members)
-            for members in plan.global_members
-        ]
-    return _LOADED_GLOBAL[plan.global_token]
 
 
 def evaluate_global(prep: Prepared, plan: Plan, key: tuple) -> Evaluation:
@@ -602,20 +388,6 @@ def evaluate_global(prep: Prepared, plan: Plan, key: tuple) -> Evaluation:
     except Exception as exc:  # noqa: BLE001 - the global model not fitting this segment
         return Evaluation(GLOBAL, error=f"{type(exc).__name__}: {exc}")
     return Evaluation(GLOBAL, {}, value, predictions)
-
-
-def global_plan(plan: Plan, config: JobConfig, schema: pa.Schema) -> Plan:
-    """The plan of the global model: every row, whatever its segment (the segment columns
-    among the features with ``global_segment_features``), selected among the local
-    candidates only."""
-    features = plan.features
-    categorical = plan.categorical
-    if config.global_segment_features:
-        keys = [c for c in plan.segment_by if c not in features]
-        features = features + keys
-        categorical = categorical + [c for c in keys if is_categorical(schema.field(c).type)]
-    return replace_plan(plan, features=features, categorical=categorical, min_rows=2,
-                        selection="local_only", pool=[], global_members=[])
 
 
 def member_rows(prep: Prepared, members, plan: Plan, key: tuple) -> list[dict[str, Any]]:
@@ -644,26 +416,9 @@ def member_rows(prep: Prepared, members, plan: Plan, key: tuple) -> list[dict[st
     return rows
 
 
-def member_row(candidate: CandidateConfig, weight: float, params: dict[str, Any] | None,
-               payload: bytes, meta: dict[str, Any]) -> dict[str, Any]:
-    """One serialized member of a segment's model, as the models table stores it."""
-    return {
-        "candidate": candidate.name,
-        "kind": candidate.kind,
-        "weight": float(weight),
-        "params": json.dumps(params, default=str, sort_keys=True),
-        "payload": payload,
-        "meta": json.dumps(meta, default=str),
-    }
-
-
 def replace_search(candidate: CandidateConfig, params: dict[str, Any]) -> CandidateConfig:
     """The candidate reduced to one fixed setting (for spreading settings over tasks)."""
     return candidate.model_copy(update={"params": params, "search": {}, "trials": None})
-
-
-def replace_plan(plan: Plan, **changes: Any) -> Plan:
-    return dataclasses.replace(plan, **changes)
 
 
 def best_of(found: list[Evaluation], candidate: CandidateConfig, plan: Plan) -> Evaluation:
@@ -674,41 +429,6 @@ def best_of(found: list[Evaluation], candidate: CandidateConfig, plan: Plan) -> 
         return Evaluation(candidate, error=errors or "no setting could be fitted")
     best = metrics.metric(plan.metric).best(ok, lambda e: e.value)
     return dataclasses.replace(best, candidate=candidate)
-
-
-def results_table(rows: list[dict[str, Any]], plan: Plan) -> pa.Table:
-    """Result rows as a table of the run's result schema (a column no row has is null)."""
-    names = [c.name for c in plan.candidates] + (["global"] if plan.global_members else [])
-    schema = result_schema(key_fields(plan), plan.metric, names)
-    return pa.Table.from_pylist(rows, schema=schema)
-
-
-def members_table(rows: list[dict[str, Any]], plan: Plan) -> pa.Table:
-    """Serialized members keyed by their segment (``keyed_members``) as a table."""
-    return pa.Table.from_pylist(rows, schema=members_schema(key_fields(plan)))
-
-
-def key_fields(plan: Plan) -> list[pa.Field]:
-    """The segment columns as nullable fields (a key may be null)."""
-    return [pa.field(f.name, f.type) for f in plan.key_fields]
-
-
-def key_row(plan: Plan, key: tuple, n_rows: int) -> dict[str, Any]:
-    row: dict[str, Any] = dict(zip(plan.segment_by, key, strict=True))
-    row.update(status=FAILED, reason=None, n_rows=n_rows)
-    return row
-
-
-def result_for_error(error: BaseException, plan: Plan, key: tuple, n_rows: int = 0):
-    """The result row of a segment that was skipped (Skip) or failed (anything else)."""
-    row = key_row(plan, key, n_rows)
-    if isinstance(error, Skip):
-        row.update(status=SKIPPED, reason=str(error))
-    else:
-        frames = traceback.extract_tb(error.__traceback__)
-        where = f" (at {frames[-1].filename}:{frames[-1].lineno})" if frames else ""
-        row["reason"] = f"{type(error).__name__}: {error}{where}"
-    return row
 
 
 def finish(
@@ -770,13 +490,3 @@ def skipped_baseline(data: pd.DataFrame | Columns, plan: Plan, row: dict[str, An
     return [member_row(candidate, 1.0, candidate.params, kind.serialize(model), meta)]
 
 
-def keyed_members(plan: Plan, key: tuple, members: list[dict[str, Any]]) -> list[dict]:
-    """A segment's serialized members, each with the segment's key columns."""
-    keys = dict(zip(plan.segment_by, key, strict=True))
-    return [keys | member for member in members]
-
-
-def segment_rows(block: pa.Table, plan: Plan, key: tuple) -> pd.DataFrame:
-    """One segment's rows of a block, as the frame the segment logic takes."""
-    start, end = next((s, e) for k, s, e in segment_bounds(block, plan.segment_by) if k == key)
-    return block.slice(start, end - start).select(plan.columns).to_pandas()

@@ -10,7 +10,7 @@ which forecasts a series that chose it by continuing that series' stored history
 from __future__ import annotations
 
 import io
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -22,12 +22,10 @@ from raybricks.config import CandidateConfig, JobConfig
 from raybricks.data import segment_bounds
 from raybricks.kinds.forecasting import ID, TARGET
 from raybricks.kinds.lags import Continued, LagsKind, memory
+from raybricks.training.forecast.series import Series, clean_series, windows
+from raybricks.training.plan import GLOBAL, Plan, global_models
 from raybricks.training.search import trial_settings
-from raybricks.training.segment import GLOBAL, Plan, global_models, member_row
-from raybricks.training.selection import Evaluation
-
-if TYPE_CHECKING:
-    from raybricks.training.forecast import Series
+from raybricks.training.selection import Evaluation, member_row
 
 #: The global model learns from at most about this many rows (whole series, sampled).
 GLOBAL_ROWS = 1_000_000
@@ -45,7 +43,6 @@ def series_rows(block: pa.Table, plan: Plan, fraction: float, seed: int, number:
     """Ray task body: a seeded share (``fraction``) of the block's series, cleaned as
     their own training cleans them (series it skips are left out), with their static
     values and an id unique in the job (``number``: the block's)."""
-    from raybricks.training.forecast import clean_series  # it builds on this module
 
     frame = block.select(plan.columns).to_pandas()
     rng = np.random.default_rng(seed)
@@ -108,7 +105,6 @@ def block_backtests(frame: pd.DataFrame, bounds: list[tuple[tuple, int, int]], p
     series at once instead of one per series and window. Empty when the batch fails;
     series missing from it (skipped ones) are forecast one at a time by
     ``evaluate_global``, which also reports their errors."""
-    from raybricks.training.forecast import clean_series, windows  # it builds on this module
 
     found = {}
     for key, start, end in bounds:

@@ -1,0 +1,338 @@
+"""Training one series (task forecast): clean it onto its frequency's grid, backtest every
+candidate and the naive baselines over rolling origins, blend (or pick) per series,
+refit the chosen members on the whole series.
+
+Plain Python on one series' pandas frame (``series.py`` cleans it), like ``tabular.py``
+for a table's segment, with whose selection (``selection.py``) and result rows
+(``plan.py``) it shares; ``forecast_task.py`` runs it for the engine.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from raybricks import kinds, metrics
+from raybricks.config import CandidateConfig
+from raybricks.kinds.forecasting import TARGET, TIME, conformal_offsets, interval_neighbours
+from raybricks.results import TRAINED
+from raybricks.training.forecast import global_model
+from raybricks.training.forecast.series import (
+    Series,
+    Unfit,
+    answered,
+    clean_series,
+    dated_rows,
+    fitting_windows,
+    grid_of,
+    minimum_length,
+    one_row_per_date,
+    scale,
+    windows,
+)
+from raybricks.training.plan import GLOBAL, Plan, stable_seed
+from raybricks.training.search import trial_settings
+from raybricks.training.selection import (
+    Evaluation,
+    Skip,
+    cross_fitted,
+    key_row,
+    member_row,
+    result_for_error,
+    summarize,
+)
+
+#: The fewest periods AutoETS is fitted on without a backtest (a series too short for
+#: one backtest window); it also needs two seasons.
+UNSELECTED_MINIMUM = 10
+
+
+def baselines(spec: dict[str, Any]) -> list[CandidateConfig]:
+    """The naive forecasts every series is compared with: the last value and, with a
+    season, the last season's values; the better of them on the backtest is the
+    series' baseline."""
+    season = spec["season_length"]
+    if season > 1:
+        return [CandidateConfig(name="baseline", kind="statsforecast",
+                                estimator="SeasonalNaive", params={"season_length": season}),
+                NAIVE]
+    return [NAIVE]
+
+
+NAIVE = CandidateConfig(name="baseline", kind="statsforecast", estimator="Naive")
+
+
+def backtest(kind: kinds.ForecastKind, params: dict[str, Any], series: Series,
+             origins: list[int], seed: int, plan: Plan) -> np.ndarray:
+    """The forecasts of every backtest window, concatenated."""
+    spec, horizon = plan.forecast, plan.forecast["horizon"]
+    parts = []
+    for origin in origins:
+        model = kind.fit_series(params, series.frame.iloc[:origin], seed, plan.threads, spec)
+        future = series.frame.iloc[origin:origin + horizon].drop(columns=TARGET)
+        parts.append(kind.forecast(model, future.reset_index(drop=True), spec))
+    return np.concatenate(parts)
+
+
+def evaluate(series: Series, candidate: CandidateConfig, plan: Plan, key: tuple,
+             origins: list[int], actual: np.ndarray, divisor: float) -> Evaluation:
+    """Every setting of a candidate, backtested; the best by the metric (predictions
+    divided by ``divisor``, as ``actual`` is)."""
+    metric = metrics.metric(plan.metric)
+    kind = kinds.forecaster(candidate)
+    best, errors = Evaluation(candidate), []
+    seed = stable_seed(plan.seed, key, candidate.name, "fit")
+    for params in trial_settings(candidate, stable_seed(plan.seed, key, candidate.name)):
+        try:
+            predictions = backtest(kind, params, series, origins, seed, plan) / divisor
+            if not np.isfinite(predictions).all():
+                raise ValueError("the forecast has missing or infinite values")
+            value = metric.score(actual, predictions)
+        except Exception as exc:  # noqa: BLE001 - one bad setting must not stop the series
+            errors.append(f"{type(exc).__name__}: {exc}")
+            continue
+        if best.params is None or metric.loss(value) < metric.loss(best.value):
+            best = Evaluation(candidate, params, value, predictions)
+    if best.params is None:
+        best.error = "; ".join(dict.fromkeys(errors)) or "no setting could be fitted"
+    return best
+
+
+def baseline(series: Series, plan: Plan, key: tuple, origins: list[int],
+             actual: np.ndarray, divisor: float) -> Evaluation:
+    """The better of the naive forecasts (``baselines``) on the backtest."""
+    found = [evaluate(series, c, plan, key, origins, actual, divisor)
+             for c in baselines(plan.forecast)]
+    ok = [e for e in found if e.error is None]
+    if not ok:
+        raise RuntimeError(f"the naive baseline failed: {found[0].error}")
+    return metrics.metric(plan.metric).best(ok, lambda e: e.value)
+
+
+def intervals(errors: np.ndarray, divisor: float, plan: Plan) -> dict[str, Any] | None:
+    """The series' conformal intervals (``forecast.intervals``; None without levels):
+    offsets per bound and step from its backtest errors (``cross_selected_errors``)."""
+    spec = plan.forecast
+    if not spec["intervals"]:
+        return None
+    errors = errors * divisor
+    offsets = conformal_offsets(errors, spec["intervals"], interval_neighbours(spec["horizon"]))
+    return {"levels": spec["intervals"], "offsets": offsets}
+
+
+def cross_selected_errors(evaluations: list[Evaluation], actual: np.ndarray, plan: Plan,
+                          cross: np.ndarray | None = None) -> np.ndarray:
+    """Windows x horizon absolute backtest errors, each window's of the ensemble that
+    the selection picks on the other windows (``cross``: those forecasts, when the caller
+    has them): errors of a choice made without the window, as the future's are (the
+    chosen ensemble's own errors on the windows it was chosen on are optimistic, and
+    under-cover)."""
+    horizon = plan.forecast["horizon"]
+    if cross is None:
+        cross = cross_fitted(evaluations, actual, np.arange(len(actual)) // horizon, plan)
+    return np.abs(actual - cross).reshape(-1, horizon)
+
+
+def member_meta(series: Series, plan: Plan, bounds: dict[str, Any] | None = None
+                ) -> dict[str, Any]:
+    """What a stored member of this series needs to answer future dates (and
+    ``bounds``: its ensemble's interval offsets)."""
+    last = series.frame[TIME].iloc[-1]
+    spec = plan.forecast
+    return {
+        "features": [plan.time_column, *spec["exogenous"]], "categorical": {},
+        "task": plan.task, "forecast": {
+            "frequency": spec["frequency"], "exogenous": spec["exogenous"],
+            "last": last.isoformat() if isinstance(last, pd.Timestamp) else int(last),
+            "limit": answered(spec),
+        } | ({"intervals": bounds} if bounds else {}),
+    }
+
+
+def fitted_member(candidate: CandidateConfig, weight: float, params: dict[str, Any],
+                  series: Series, plan: Plan, key: tuple,
+                  bounds: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A chosen candidate refitted on the whole series, serialized."""
+    if candidate is GLOBAL:  # the job's global model continues its stored history
+        return member_row(GLOBAL, weight, {}, global_model.history_payload(series, plan),
+                          member_meta(series, plan, bounds))
+    kind = kinds.forecaster(candidate)
+    seed = stable_seed(plan.seed, key, candidate.name, "fit")
+    model = kind.fit_series(params, series.frame, seed, plan.threads, plan.forecast)
+    row = member_row(candidate, weight, params, kind.serialize(model),
+                     member_meta(series, plan, bounds))
+    return row | {"kind": kind.name}
+
+
+def train_series(data: pd.DataFrame, key: tuple, plan: Plan,
+                 global_backtest: np.ndarray | None = None
+                 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Train one series (its rows as a frame; ``global_backtest``: the global model's
+    backtest forecasts of it, when made for its whole block). Never raises: the result
+    row says trained (on fewer backtest windows where it is too short for the
+    configured ones: ``backtestable``), skipped (served as ``skipped_members`` says,
+    where it has values) or failed."""
+    start = time.perf_counter()
+    job = plan
+    try:
+        series, plan, global_backtest = backtestable(data, plan, global_backtest)
+        spec = plan.forecast
+        y = series.y
+        origins = windows(len(y), spec)
+        actual = np.concatenate([y[o:o + spec["horizon"]] for o in origins])
+        divisor = (scale(y[:origins[0]], spec["season_length"])
+                   if metrics.metric(plan.metric).scaled else 1.0)
+        actual = actual / divisor
+        evaluations = [evaluate(series, c, plan, key, origins, actual, divisor)
+                       for c in plan.candidates]
+        if plan.global_members:
+            evaluations.append(global_model.evaluate_global(
+                series, plan, origins, actual, divisor, global_backtest))
+        naive = baseline(series, plan, key, origins, actual, divisor)
+        if plan.pool:  # selection all: the baseline competes
+            evaluations.append(naive)
+        row = key_row(plan, key, len(data))
+        window = np.arange(len(actual)) // spec["horizon"]
+        cross = cross_fitted(evaluations, actual, window, plan)  # once: metric, intervals
+        chosen = summarize(row, evaluations, actual, naive.predictions, plan, window, cross)
+        bounds = intervals(cross_selected_errors(evaluations, actual, plan, cross), divisor,
+                           plan)
+        members = [fitted_member(e.candidate, w, e.params, series, plan, key, bounds)
+                   for e, w in chosen]
+        row["status"] = TRAINED
+        if series.notes:
+            row["reason"] = "; ".join(series.notes)
+    except Exception as exc:  # noqa: BLE001 - a bad series never stops the job
+        row, members = result_for_error(exc, job, key, len(data)), []
+        if isinstance(exc, Skip):
+            members, served = skipped_members(data, job, key, exc)
+            notes = exc.series.notes if isinstance(exc, Unfit) else []
+            row["reason"] = "; ".join([row["reason"], *([served] if served else []), *notes])
+    row["fit_seconds"] = time.perf_counter() - start
+    return row, members
+
+
+def backtestable(data: pd.DataFrame, plan: Plan, global_backtest: np.ndarray | None = None
+                 ) -> tuple[Series, Plan, np.ndarray | None]:
+    """The series cleaned (``clean_series``), the plan it is backtested with and the
+    global model's backtest forecasts of it. A series too short for the configured
+    backtest windows gets a plan of as many as it fits, down to one (noted first in its
+    reason; with one window, no prediction intervals: they need two), each window the
+    one the job's backtest has at that place, the global model's too. Raises Unfit
+    (short) when not even one window fits."""
+    try:
+        return clean_series(data, plan), plan, global_backtest
+    except Unfit as unfit:
+        if not unfit.short:
+            raise
+        series, spec = unfit.series, plan.forecast
+        n, configured = len(series.frame), spec["windows"]
+        count = fitting_windows(n, spec, plan.min_rows)
+        if not count:
+            one = spec | {"windows": 1}
+            raise Unfit(f"short series: {n} periods; one backtest window of "
+                        f"{spec['horizon']} needs at least "
+                        f"{minimum_length(one, plan.min_rows)}", series, short=True) from None
+        note = (f"short: {count} of {configured} backtest windows ({n} periods; "
+                f"{configured} windows need {minimum_length(spec, plan.min_rows)})")
+        shortened = spec | {"windows": count}
+        if spec["intervals"] and count < 2:
+            shortened["intervals"] = []
+            note += "; no prediction intervals (they need 2 windows)"
+        series.notes.insert(0, note)
+        plan = replace(plan, forecast=shortened, folds=count,
+                       global_members=plan.global_members[-count:],
+                       global_token=f"{plan.global_token}/last {count}")
+        return series, plan, None  # the block's global backtests left it out
+
+
+def skipped_members(data: pd.DataFrame, plan: Plan, key: tuple, skip: Skip
+                    ) -> tuple[list[dict[str, Any]], str]:
+    """What serves a skipped series, so that the registered model still forecasts it,
+    and the note saying so: for a series too short for one backtest window, AutoETS
+    fitted on the whole series (``unselected_member``); else its seasonal naive
+    forecast where it has a season of complete periods, else its naive forecast
+    (``naive_members``); nothing without a dated value. The series is the cleaned one
+    where cleaning got that far (``Unfit``), else its last complete periods
+    (``served_history``)."""
+    series = skip.series if isinstance(skip, Unfit) else served_history(data, plan)
+    if series is None:
+        return [], ""
+    if isinstance(skip, Unfit) and skip.short:
+        found = unselected_member(series, plan, key)
+        if found is not None:
+            return found
+    return naive_members(series, plan, key)
+
+
+def served_history(data: pd.DataFrame, plan: Plan) -> Series | None:
+    """A skipped series' values for its naive forecasts: one per date (a date's rows
+    aggregated as ``forecast.duplicates`` says, the last with ``skip``), its periods on
+    the grid since its last missing one (its last value only when its dates are off the
+    grid); None without a dated value."""
+    spec = plan.forecast
+    policy = "last" if spec["duplicates"] == "skip" else spec["duplicates"]
+    frame, _ = one_row_per_date(dated_rows(data, plan, []), spec | {"duplicates": policy})
+    frame = frame.dropna(subset=[TARGET])
+    if frame.empty:
+        return None
+    grid = grid_of(frame[TIME], spec)
+    if grid is None:
+        frame = frame.iloc[-1:]
+    else:
+        frame = frame.set_index(TIME).reindex(grid).rename_axis(TIME).reset_index()
+        missing = np.flatnonzero(frame[TARGET].isna().to_numpy())
+        frame = frame.iloc[missing[-1] + 1 if len(missing) else 0:]
+    # the naive forecasts read no exogenous value
+    frame = frame.assign(**dict.fromkeys(spec["exogenous"], 0.0))
+    return Series(frame.reset_index(drop=True), [])
+
+
+def naive_members(series: Series, plan: Plan, key: tuple
+                  ) -> tuple[list[dict[str, Any]], str]:
+    """A skipped series' seasonal naive forecast (its last season repeated) where it has
+    a season of periods, else its naive forecast (its last value), after its last date;
+    and the note saying which; nothing (and no note) when it cannot be fitted."""
+    spec = plan.forecast
+    season, n = spec["season_length"], len(series.frame)
+    if season > 1 and n >= season:
+        candidate = baselines(spec)[0]
+        note = f"served by its seasonal naive forecast (its last {season} periods repeated)"
+    else:
+        candidate = NAIVE
+        note = "served by its naive forecast (its last value" + (
+            f"; {n} complete period(s), fewer than a season of {season})" if season > 1
+            else ")")
+    try:
+        return [fitted_member(candidate, 1.0, candidate.params, series, plan, key)], note
+    except Exception:  # noqa: BLE001 - nothing to serve: the reason stands
+        return [], ""
+
+
+def unselected_member(series: Series, plan: Plan, key: tuple
+                      ) -> tuple[list[dict[str, Any]], str] | None:
+    """A series too short for one backtest window: AutoETS (the season from the spec)
+    fitted on the whole series, without a backtest or selection, where the job has a
+    statsforecast candidate and the series two seasons (and ``UNSELECTED_MINIMUM``
+    periods); and the note saying so. None otherwise, or when it cannot be fitted."""
+    spec = plan.forecast
+    season, n = spec["season_length"], len(series.frame)
+    statistical = kinds.resolve("statsforecast")
+    if n < max(2 * season, UNSELECTED_MINIMUM) or not any(
+            issubclass(kinds.forecaster_kind(c.kind), statistical) for c in plan.candidates):
+        return None
+    candidate = CandidateConfig(name="auto_ets", kind="statsforecast", estimator="AutoETS",
+                                params={"season_length": season})
+    try:
+        member = fitted_member(candidate, 1.0, candidate.params, series, plan, key)
+    except Exception:  # noqa: BLE001 - the naive forecasts serve it instead
+        return None
+    return [member], (f"served by AutoETS (season {season}) fitted on the whole series, "
+                      "without a backtest")
+
+
+__all__ = ["baselines", "train_series"]
