@@ -273,6 +273,11 @@ def warm_up(source) -> None:
     mlflow.search_experiments()
 
 
+#: BENCH_FORECAST_ONLY: run only the methods whose names contain one of these
+#: comma-separated parts (bench/before_after.py: the warm raybricks run and the peers).
+ONLY = [part for part in os.environ.get("BENCH_FORECAST_ONLY", "").split(",") if part]
+
+
 def bench(data: Dataset, spark, workdir: str) -> dict[str, Any]:
     from pyspark.sql import functions as F
     from statsforecast import StatsForecast
@@ -292,6 +297,8 @@ def bench(data: Dataset, spark, workdir: str) -> dict[str, Any]:
     warm_up(source)
 
     def timed(name: str, run: Callable[[], pd.DataFrame], column: str) -> None:
+        if ONLY and not any(part in name for part in ONLY):
+            return
         start = time.perf_counter()
         out = run()
         seconds = time.perf_counter() - start

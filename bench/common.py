@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -13,7 +14,8 @@ from typing import Any
 
 import psutil
 
-RESULTS = Path(__file__).parent / "results"
+#: Where results are saved (BENCH_RESULTS: elsewhere, as bench/before_after.py does).
+RESULTS = Path(os.environ.get("BENCH_RESULTS") or Path(__file__).parent / "results")
 
 
 class PeakRSS:

@@ -89,11 +89,11 @@ def _backtest_one(uid: str) -> Backtested | None:
         return None
     spec, y = plan.forecast, series.y
     origins = windows(len(y), spec)
-    actual = np.concatenate([y[o:o + spec["horizon"]] for o in origins])
-    divisor = scale(y[:origins[0]], spec["season_length"])
+    actual = np.concatenate([y[o:o + spec.horizon] for o in origins])
+    divisor = scale(y[:origins[0]], spec.season_length)
     backtests, held_out = {}, {}
-    future = pd.DataFrame({TIME: future_times(spec, series.frame[TIME].iloc[-1],
-                                              spec["horizon"])})
+    future = pd.DataFrame({TIME: future_times(spec.frequency, series.frame[TIME].iloc[-1],
+                                              spec.horizon)})
     for candidate in [*plan.candidates, *fc.baselines(spec)]:
         name = candidate.name if candidate.name != "baseline" else candidate.estimator
         found = fc.evaluate(series, candidate, plan, (uid,), origins, actual / divisor, divisor)

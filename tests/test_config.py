@@ -39,6 +39,8 @@ def with_(**changes):
         (with_(source={"table": "t", "path": "/p"}), "exactly one of source.table"),
         (with_(ensemble="median"), "ensemble.method"),
         (with_(models=[]), "models"),
+        (with_(models=[{"name": "ets", "kind": "statsforecast", "estimator": "AutoETS"}]),
+         "'ets'] are of a kind that forecasts series: they need task: forecast"),
     ],
 )
 def test_bad_configs_are_refused_with_the_key_named(config, message):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from importlib.metadata import version
 from pathlib import Path
 
@@ -319,7 +320,7 @@ def test_direct_strategy_is_mlforecasts_one_model_per_step(tmp_path):
         frame.day.max() + pd.Timedelta(days=1), periods=HORIZON + 1)})
     ours = SegmentModel.from_rows(members).predict(future)
     # mlforecast's own direct forecast: the same lags, one Ridge per step
-    theirs = MLForecast(models={"ridge": Ridge()}, freq="D", lags=plan.forecast["lags"]).fit(
+    theirs = MLForecast(models={"ridge": Ridge()}, freq="D", lags=plan.forecast.lags).fit(
         frame.rename(columns={"store": "unique_id", "day": "ds", "sales": "y"}),
         static_features=[], max_horizon=HORIZON).predict(HORIZON)["ridge"].to_numpy()
     np.testing.assert_allclose(ours[:HORIZON], theirs, rtol=1e-9)
@@ -524,7 +525,7 @@ def test_a_series_too_short_for_its_backtest_steps_down_a_ladder(tmp_path):
     forecast_keys = {"horizon": HORIZON, "frequency": "D", "lags": [1, 7],
                      "intervals": [80]}
     plan = plan_for(series("a", y), tmp_path, forecast=forecast_keys)
-    assert [minimum_length(plan.forecast | {"windows": w}, 20) for w in (1, 2, 3)] == [
+    assert [minimum_length(replace(plan.forecast, windows=w), 20) for w in (1, 2, 3)] == [
         27, 34, 41]
 
     def trained(n: int, **changes):
@@ -977,7 +978,7 @@ def test_the_global_backtest_of_a_block_is_each_series_own(tmp_path):
     assert np.isfinite(row["global_mase"]) and row["n_valid"] == 2 * HORIZON
     _, shortened, _ = backtestable(frame.iloc[start:end], plan)
     assert shortened.global_members == models[1:3]  # the windows at its windows' places
-    assert shortened.forecast["windows"] == 2 and plan.forecast["windows"] == 3
+    assert shortened.forecast.windows == 2 and plan.forecast.windows == 3
     for key, start, end in bounds:
         if key in {("short",), ("shorter",)}:
             continue

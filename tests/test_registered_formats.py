@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from raybricks.kinds.base import member_meta
 from raybricks.segmented_model import SegmentStore
 
 FIXTURES = Path(__file__).parent / "fixtures" / "registered"
@@ -64,3 +65,20 @@ def test_the_fixtures_cover_what_they_claim():
     blends = pd.read_parquet(FIXTURES / "tabular" / "expected.parquet")
     assert (blends.status == "unknown").sum() == 3  # the never-seen key, served by global
 
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_the_member_meta_type_reads_and_writes_the_stored_json_exactly(name):
+    """``kinds.base.member_meta`` (the one constructor training uses) rebuilds every stored
+    member's meta, fallback members included, to the very JSON the earlier code wrote."""
+    stored = []
+    for shard in sorted((FIXTURES / name / "model").rglob("*.parquet")):
+        table = pd.read_parquet(shard)
+        if "meta" in table:
+            stored += table.meta.tolist()
+    assert len(stored) >= 3
+    for text in stored:
+        meta = json.loads(text)
+        rebuilt = member_meta(meta.pop("features"), meta.pop("task"), meta.pop("categorical"),
+                              **meta)
+        assert json.dumps(rebuilt, default=str) == text

@@ -473,6 +473,8 @@ class JobConfig(StrictModel):
             check_forecast(self)
         elif self.forecast is not None:
             raise ValueError("a forecast section needs task: forecast")
+        else:
+            check_table_kinds(self)
         if self.features is not None:
             if not self.features:
                 raise ValueError("features is empty: list features, or omit it for all")
@@ -525,6 +527,19 @@ class JobConfig(StrictModel):
             return cls.model_validate(data)
         except ValidationError as exc:
             raise ConfigError(format_validation_error(exc, data)) from None
+
+
+def check_table_kinds(self: JobConfig) -> None:
+    """Tasks regression, binary and multiclass train table kinds only: a series kind
+    (``kinds.ForecastKind``: statsforecast, a user's) forecasts series."""
+    from raybricks import kinds
+
+    series = [model.name for model in self.models
+              if issubclass(kinds.resolve(model.kind), kinds.ForecastKind)]
+    if series:
+        raise ValueError(f"candidate(s) {series} are of a kind that forecasts series: they "
+                         f"need task: forecast (task {self.task} trains table kinds such as "
+                         "lightgbm, xgboost, sklearn, catboost)")
 
 
 def check_forecast(self: JobConfig) -> None:

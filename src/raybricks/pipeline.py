@@ -16,19 +16,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from raybricks import console, kinds
+from raybricks import console
 from raybricks.cluster import ray_cluster, spark_session
 from raybricks.compat import arrow_schema
 from raybricks.config import JobConfig
 from raybricks.console import stage
 from raybricks.data import count_segments, no_rows, select_and_filter, to_ray_dataset
 from raybricks.errors import ConfigError, DataError, RaybricksError, SourceNotFound
+from raybricks.kinds.forecasting import ForecastSpec
 from raybricks.results import release_memory
 from raybricks.session import require_spark_context
 from raybricks.sources import read_source
 from raybricks.training import TrainingResult, train_segments
 from raybricks.training.engine import with_run_id
-from raybricks.training.tasks import make_plan
+from raybricks.training.tasks import make_plan, task_of
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -75,7 +76,7 @@ def check_job(config: JobConfig, *, register: bool = True) -> None:
     from raybricks import tracking
 
     for candidate in config.models:
-        kinds.of(candidate, forecast=config.task == "forecast").check()
+        task_of(config).kind(candidate).check()
     if register:
         tracking.check_registry_name(config, tracking.tracking_target().registry_uri)
 
@@ -98,7 +99,7 @@ def checked_source(config: JobConfig, source: DataFrame) -> tuple[DataFrame, int
     return df, rows
 
 
-def check_frequency(df: DataFrame, config: JobConfig, spec: dict) -> None:
+def check_frequency(df: DataFrame, config: JobConfig, spec: ForecastSpec) -> None:
     """Refuse a forecast whose frequency fits the dates of none of a few segments (the
     first ``FREQUENCY_SEGMENTS`` met in the source), which training would all skip."""
     from functools import reduce
@@ -117,7 +118,7 @@ def check_frequency(df: DataFrame, config: JobConfig, spec: dict) -> None:
         reduce(lambda a, b: a & b, [F.col(k).eqNullSafe(row[k]) for k in keys])
         for row in first])
     rows = df.where(chosen & F.col(time).isNotNull()).select(*keys, time).toPandas()
-    times = {key if isinstance(key, tuple) else (key,): times_of(group[time], spec)
+    times = {key if isinstance(key, tuple) else (key,): times_of(group[time], spec.frequency)
              for key, group in rows.groupby(keys, dropna=False)}
     problem = frequency_problem(times, spec)
     if problem:

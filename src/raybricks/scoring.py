@@ -479,8 +479,9 @@ def future_rows(directory: Path, manifest: dict, horizon: int) -> pd.DataFrame:
             if key not in lasts:
                 lasts[key] = json.loads(meta)["forecast"]["last"]
     time_column = spec["time_column"]
-    paths = {last: future_times(spec, last if isinstance(last, int) else pd.Timestamp(last),
-                                horizon) for last in set(lasts.values())}
+    paths = {last: future_times(spec["frequency"],
+                                last if isinstance(last, int) else pd.Timestamp(last), horizon)
+             for last in set(lasts.values())}
     keys = list(lasts)
     frame = pd.DataFrame(keys, columns=segment_by).loc[
         lambda f: f.index.repeat(horizon)].reset_index(drop=True)

@@ -22,6 +22,7 @@ from . import lags
 from .base import (
     CLASSIFICATION,
     ModelKind,
+    StoredKind,
     filled_input,
     frame_input,
     import_object,
@@ -54,7 +55,7 @@ _BUILTIN_CLASSES = {name: _import_builtin(entry) for name, entry in BUILTIN.item
 
 
 @functools.cache
-def resolve(kind: str) -> type[ModelKind]:
+def resolve(kind: str) -> type[StoredKind]:
     """The class of a built-in kind by name, or of a user's kind by import path."""
     if kind in _BUILTIN_CLASSES:
         return _BUILTIN_CLASSES[kind]
@@ -75,7 +76,7 @@ def forecaster_kind(kind: str) -> type[ForecastKind]:
     """The kind that forecasts for a candidate of ``kind`` (task forecast): a forecasting
     kind itself, else the table kind fitted on lags (``lags:<kind>``)."""
     found = resolve(kind)
-    if getattr(found, "forecasts", False):
+    if issubclass(found, ForecastKind):
         return found
     if found.uses_fallback:
         raise ValueError(f"kind {kind!r} cannot forecast: use lightgbm, xgboost, sklearn, "
@@ -88,11 +89,9 @@ def forecaster(candidate: Any) -> ForecastKind:
     return forecaster_kind(candidate.kind)(candidate)
 
 
-def of(candidate: Any, forecast: bool = False) -> ModelKind:
-    """The kind of a candidate (its config), ready to check, fit and serialize; with
-    ``forecast`` (task forecast), the kind that forecasts for it (``forecaster``)."""
-    if forecast:
-        return forecaster(candidate)
+def of(candidate: Any) -> ModelKind:
+    """The table kind of a candidate (its config), ready to check, fit and serialize
+    (task forecast: ``forecaster``)."""
     return resolve(candidate.kind)(candidate)
 
 
@@ -134,5 +133,5 @@ def ship(stored: Iterable[str], directory: Path) -> list[str]:
 __all__ = [
     "BUILTIN", "CLASSIFICATION", "ForecastKind", "ModelKind", "filled_input", "forecaster",
     "forecaster_kind", "frame_input", "import_object", "of", "prepare_features", "resolve",
-    "ship", "to_float",
+    "ship", "StoredKind", "to_float",
 ]

@@ -20,12 +20,66 @@ import importlib
 import inspect
 import pickle
 from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Required, TypedDict
 
 import numpy as np
 import pandas as pd
 
 CLASSIFICATION = ("binary", "multiclass")
+
+
+# --------------------------------------------------------------------------- stored meta
+
+
+class SeriesMeta(TypedDict, total=False):
+    """``meta["forecast"]`` of a series member: its frequency (a pandas frequency, or an
+    integer step) and exogenous columns; the last period of its history (ISO date or
+    integer) and how many periods after it it answers (``limit``); its ensemble's
+    conformal interval offsets (``{"levels": [...], "offsets": [[...], ...]}``) when the
+    job asked for intervals. The global model's own meta has the first two only."""
+
+    frequency: Required[str | int]
+    exogenous: Required[list[str]]
+    last: str | int
+    limit: int
+    intervals: dict[str, Any]
+
+
+class MemberMeta(TypedDict, total=False):
+    """A stored member's ``meta``: the models table's JSON column, what every kind's stored
+    half reads besides the payload. ``features``: the model's inputs in order;
+    ``categorical``: each categorical feature's training categories; ``task``; ``fill``:
+    the training medians of the numeric features (table members); ``classes``: the
+    segment's classes (classification) and ``trained_classes`` those its model was
+    trained on, when fewer; ``forecast``: a series member's ``SeriesMeta``. Keys are
+    written in this order, the optional ones only when set (``member_meta``)."""
+
+    features: Required[list[str]]
+    categorical: Required[dict[str, list[str]]]
+    task: Required[str]
+    fill: dict[str, float]
+    classes: list
+    trained_classes: list
+    forecast: SeriesMeta
+
+
+#: ``MemberMeta``'s optional keys, in their stored order.
+OPTIONAL_META = ("fill", "classes", "trained_classes", "forecast")
+
+
+def member_meta(features: list[str], task: str, categorical: dict[str, list] | None = None,
+                **optional: Any) -> MemberMeta:
+    """A member's meta, keys in the stored order (the one place it is built): ``optional``
+    takes ``OPTIONAL_META``'s keys; one that is None is left out."""
+    unknown = set(optional) - set(OPTIONAL_META)
+    if unknown:
+        raise TypeError(f"member meta has no key(s) {sorted(unknown)}")
+    meta: MemberMeta = {"features": list(features), "categorical": dict(categorical or {}),
+                        "task": task}
+    for key in OPTIONAL_META:
+        if optional.get(key) is not None:
+            meta[key] = optional[key]
+    return meta
 
 
 # --------------------------------------------------------------------------- inputs
@@ -147,28 +201,18 @@ def boosting_params(params: dict[str, Any], defaults: dict[str, Any], task: str,
 # --------------------------------------------------------------------------- the protocol
 
 
-class ModelKind:
-    """One model library as raybricks uses it.
-
-    Subclass it, set ``name`` and ``library``, and override what differs from the
-    defaults (which suit any scikit-learn-style estimator that pickles). Stored half
-    (class methods, no raybricks needed): ``load``, ``predict_loaded``, ``model_input``.
-    Training half (an instance per candidate: ``self.candidate`` is its config):
-    ``check``, ``warm_up``, ``fit``, ``predict``, ``serialize``; and, with
-    ``data_parallel = True``, ``native_params``, ``ray_trainer``, ``fit_shard`` and
-    ``fit_reporting`` for segments too large for one task.
-    """
+class StoredKind:
+    """What every kind has, table kinds (``ModelKind``) and series kinds
+    (``forecasting.ForecastKind``) alike, which are siblings over it: a name, the library
+    whose format stores its models, the stored half's ``load`` and ``predict_loaded``
+    (class methods, no raybricks needed), and the training half's checks and
+    ``serialize`` (an instance per candidate: ``self.candidate`` is its config)."""
 
     #: What ``kind:`` says in the job config (a user's kind: its import path).
     name: ClassVar[str] = ""
     #: The distribution whose format stores the fitted models (its version is recorded in
     #: the model and pinned in the model's requirements); None: nothing to pin.
     library: ClassVar[str | None] = None
-    #: Whether the kind trains data-parallel with Ray Train (the four methods below).
-    data_parallel: ClassVar[bool] = False
-    #: What the library's fit and predict take, made from ``prepare_features``' frame:
-    #: ``frame_input`` (as it is) or ``filled_input`` (medians filled), or your own.
-    model_input: ClassVar[Callable[[pd.DataFrame, dict], Any]] = staticmethod(frame_input)
     #: A user's kind: whether the registered model carries a copy of the kind's module
     #: (which then must import only raybricks.kinds and installed libraries); False when
     #: the module is installed where the model is used (name it in ``requirements``).
@@ -177,10 +221,6 @@ class ModelKind:
     requirements: ClassVar[tuple[str, ...]] = ()
     #: Whether the member predicts with the segmented model's global (fallback) model.
     uses_fallback: ClassVar[bool] = False
-    #: Parameters that fit the library for absolute error (LightGBM's ``objective: l1``):
-    #: added to a regression candidate whose validation metric is an absolute error
-    #: (mae) and whose params and search set none of them. Empty: left as given.
-    absolute_error: ClassVar[dict[str, Any]] = {}
 
     def __init__(self, candidate: Any) -> None:
         self.candidate = candidate
@@ -200,12 +240,8 @@ class ModelKind:
     @classmethod
     def predict_loaded(cls, model: Any, features: pd.DataFrame, meta: dict[str, Any]
                        ) -> np.ndarray:
-        """A loaded model's values, or class probabilities (one column, or one per class
-        it was trained on) for ``prepare_features``' frame."""
-        data = cls.model_input(features, meta)
-        if meta["task"] in CLASSIFICATION:
-            return np.asarray(model.predict_proba(data), dtype="float64")
-        return np.asarray(model.predict(data), dtype="float64")
+        """A loaded model's values for ``prepare_features``' frame of the rows asked."""
+        raise NotImplementedError(f"kind {cls.name!r} does not implement predict_loaded")
 
     # -- the training half
 
@@ -222,6 +258,43 @@ class ModelKind:
         """Import the library and user code, so a fresh worker's imports are not timed as
         a fit."""
 
+    def serialize(self, model: Any) -> bytes:
+        """The fitted model as bytes that ``load`` reads."""
+        return pickle.dumps(model, protocol=5)
+
+
+class ModelKind(StoredKind):
+    """One model library as raybricks uses it for tables (rows of features, a target).
+
+    Subclass it, set ``name`` and ``library``, and override what differs from the
+    defaults (which suit any scikit-learn-style estimator that pickles). Stored half
+    (class methods, no raybricks needed): ``load``, ``predict_loaded``, ``model_input``.
+    Training half (an instance per candidate: ``self.candidate`` is its config):
+    ``check``, ``warm_up``, ``fit``, ``predict``, ``serialize``; and, with
+    ``data_parallel = True``, ``native_params``, ``ray_trainer``, ``fit_shard`` and
+    ``fit_reporting`` for segments too large for one task.
+    """
+
+    #: Whether the kind trains data-parallel with Ray Train (the four methods below).
+    data_parallel: ClassVar[bool] = False
+    #: What the library's fit and predict take, made from ``prepare_features``' frame:
+    #: ``frame_input`` (as it is) or ``filled_input`` (medians filled), or your own.
+    model_input: ClassVar[Callable[[pd.DataFrame, dict], Any]] = staticmethod(frame_input)
+    #: Parameters that fit the library for absolute error (LightGBM's ``objective: l1``):
+    #: added to a regression candidate whose validation metric is an absolute error
+    #: (mae) and whose params and search set none of them. Empty: left as given.
+    absolute_error: ClassVar[dict[str, Any]] = {}
+
+    @classmethod
+    def predict_loaded(cls, model: Any, features: pd.DataFrame, meta: dict[str, Any]
+                       ) -> np.ndarray:
+        """A loaded model's values, or class probabilities (one column, or one per class
+        it was trained on) for ``prepare_features``' frame."""
+        data = cls.model_input(features, meta)
+        if meta["task"] in CLASSIFICATION:
+            return np.asarray(model.predict_proba(data), dtype="float64")
+        return np.asarray(model.predict(data), dtype="float64")
+
     def fit(self, params: dict[str, Any], X: Any, y: np.ndarray, task: str, seed: int,
             threads: int, meta: dict[str, Any]) -> Any:
         """A model fitted on ``X`` (``model_input`` of the training rows) and ``y``
@@ -233,10 +306,6 @@ class ModelKind:
         if task in CLASSIFICATION:
             return np.asarray(model.predict_proba(X), dtype="float64")
         return np.asarray(model.predict(X), dtype="float64").reshape(-1)
-
-    def serialize(self, model: Any) -> bytes:
-        """The fitted model as bytes that ``load`` reads."""
-        return pickle.dumps(model, protocol=5)
 
     # -- data-parallel training (data_parallel = True)
 

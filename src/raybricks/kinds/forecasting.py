@@ -11,29 +11,69 @@ returns a fitted model, ``forecast(model, future)`` its values for the dates of
 from __future__ import annotations
 
 import math
-from typing import Any, ClassVar
+from dataclasses import dataclass
+from datetime import date
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from .base import ModelKind
+from .base import StoredKind
 
 #: The series frame's columns (as statsforecast and mlforecast name them).
 ID, TIME, TARGET = "unique_id", "ds", "y"
 
 
-def future_times(spec: dict[str, Any], last: Any, steps: int) -> pd.Index:
-    """The ``steps`` periods after ``last`` at the series' frequency."""
-    frequency = spec["frequency"]
+@dataclass(frozen=True)
+class HolidaySpec:
+    """``forecast.holidays``: the days whose values are replaced before fitting."""
+
+    country: str | None
+    subdivision: str | None
+    dates: tuple[date, ...]
+    before: int
+    after: int
+
+
+@dataclass(frozen=True)
+class ForecastSpec:
+    """What every series of a job is cleaned, backtested and fitted with: the job's
+    ``forecast`` and ``validation`` sections resolved (training's ``forecast_spec``).
+    Series kinds' ``fit_series`` and ``forecast`` take it; ``end`` is the latest period
+    of any series of the job (None until the job's data is seen)."""
+
+    horizon: int
+    frequency: str | int
+    season_length: int
+    lags: list[int]
+    rolling: dict[str, list[int]]
+    rolling_lag: int
+    date_features: list[str]
+    exogenous: list[str]
+    transform: str
+    static: list[str]
+    gaps: str
+    duplicates: str
+    intervals: list[float]
+    strategy: str
+    holidays: HolidaySpec | None
+    windows: int
+    step: int
+    end: Any = None
+
+
+def future_times(frequency: str | int, last: Any, steps: int) -> pd.Index:
+    """The ``steps`` periods after ``last`` at ``frequency`` (a pandas frequency, or an
+    integer step)."""
     if isinstance(frequency, int):
         return pd.Index(last + frequency * np.arange(1, steps + 1))
     return pd.date_range(pd.Timestamp(last), periods=steps + 1, freq=frequency)[1:]
 
 
-def times_of(values: pd.Series | np.ndarray, spec: dict[str, Any]) -> pd.Index:
-    """Time values as the series holds them: timestamps (also from ``prepare_features``'
-    epoch seconds) or integers."""
-    if isinstance(spec["frequency"], int):
+def times_of(values: pd.Series | np.ndarray, frequency: str | int) -> pd.Index:
+    """Time values as a series of ``frequency`` holds them: timestamps (also from
+    ``prepare_features``' epoch seconds) or integers (an integer step)."""
+    if isinstance(frequency, int):
         return pd.Index(np.asarray(values, dtype="float64").astype("int64"))
     values = pd.Series(values)
     if pd.api.types.is_numeric_dtype(values.dtype):
@@ -44,10 +84,10 @@ def times_of(values: pd.Series | np.ndarray, spec: dict[str, Any]) -> pd.Index:
     return pd.Index(stamps)
 
 
-def steps_ahead(times: pd.Index, spec: dict[str, Any], last: Any, limit: int) -> np.ndarray:
+def steps_ahead(times: pd.Index, frequency: str | int, last: Any, limit: int) -> np.ndarray:
     """For each time, how many periods after ``last`` it is (1 = the next period); 0 for
     a time that is not one of the next ``limit`` periods."""
-    grid = future_times(spec, last, limit)
+    grid = future_times(frequency, last, limit)
     position = grid.get_indexer(times)
     return np.where(position >= 0, position + 1, 0)
 
@@ -57,8 +97,8 @@ def row_steps(features: pd.DataFrame, meta: dict[str, Any]) -> tuple[np.ndarray,
     ``limit``), and that last date."""
     spec = meta["forecast"]
     last = spec["last"] if isinstance(spec["frequency"], int) else pd.Timestamp(spec["last"])
-    times = times_of(features[meta["features"][0]], spec)
-    return steps_ahead(times, spec, last, spec["limit"]), last
+    times = times_of(features[meta["features"][0]], spec["frequency"])
+    return steps_ahead(times, spec["frequency"], last, spec["limit"]), last
 
 
 def interval_columns(levels: list[float]) -> list[str]:
@@ -108,14 +148,13 @@ def interval_bounds(point: np.ndarray, features: pd.DataFrame, meta: dict[str, A
     return out
 
 
-class ForecastKind(ModelKind):
-    """A kind that forecasts series. Its stored half answers rows carrying the time
-    column (``meta["features"][0]``) and the exogenous columns: one value per row, the
-    forecast for that row's date; NaN for a date that is not one of the next
-    ``meta["forecast"]["limit"]`` periods after the series' history."""
-
-    #: a forecasting kind: the recursive path and the series spec apply
-    forecasts: ClassVar[bool] = True
+class ForecastKind(StoredKind):
+    """A kind that forecasts series (a sibling of the table kinds, ``ModelKind``). Its
+    stored half answers rows carrying the time column (``meta["features"][0]``) and the
+    exogenous columns: one value per row, the forecast for that row's date; NaN for a
+    date that is not one of the next ``meta["forecast"]["limit"]`` periods after the
+    series' history. Its training half fits and forecasts one series (``fit_series``,
+    ``forecast``)."""
 
     @classmethod
     def predict_loaded(cls, model: Any, features: pd.DataFrame, meta: dict[str, Any]
@@ -127,7 +166,7 @@ class ForecastKind(ModelKind):
         if not steps.any():
             return out
         horizon = int(steps.max())
-        future = pd.DataFrame({TIME: future_times(spec, last, horizon)})
+        future = pd.DataFrame({TIME: future_times(spec["frequency"], last, horizon)})
         if exogenous:
             known = features.loc[steps > 0, exogenous].set_axis(steps[steps > 0] - 1)
             known = known[~known.index.duplicated()].reindex(range(horizon))
@@ -153,10 +192,12 @@ class ForecastKind(ModelKind):
     # -- the training half
 
     def fit_series(self, params: dict[str, Any], history: pd.DataFrame, seed: int,
-                   threads: int, spec: dict[str, Any]) -> Any:
+                   threads: int, spec: ForecastSpec) -> Any:
         """A model fitted on one series (``history``: ``ds``, ``y``, exogenous)."""
         raise NotImplementedError
 
-    def forecast(self, model: Any, future: pd.DataFrame, spec: dict[str, Any]) -> np.ndarray:
-        """The fitted model's values for the periods of ``future``."""
-        return self.forecast_loaded(model, future, {"forecast": spec})
+    def forecast(self, model: Any, future: pd.DataFrame, spec: ForecastSpec) -> np.ndarray:
+        """The fitted model's values for the periods of ``future`` (the stored half's
+        ``forecast_loaded``, given the meta keys a stored member has of the spec)."""
+        return self.forecast_loaded(model, future, {"forecast": {
+            "frequency": spec.frequency, "exogenous": spec.exogenous}})

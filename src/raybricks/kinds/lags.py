@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from .base import ModelKind, prepare_features
-from .forecasting import ID, TIME, ForecastKind
+from .forecasting import ID, TIME, ForecastKind, ForecastSpec
 
 PREFIX = "lags:"
 MODEL = "model"  # the regressor's name inside MLForecast
@@ -63,26 +63,26 @@ class KindRegressor:
                                  "regression")
 
 
-def lag_transforms(spec: dict[str, Any]) -> dict[int, list]:
+def lag_transforms(spec: ForecastSpec) -> dict[int, list]:
     from mlforecast import lag_transforms as transforms
 
     made = {"mean": transforms.RollingMean, "std": transforms.RollingStd,
             "min": transforms.RollingMin, "max": transforms.RollingMax}
-    rolling = [made[stat](window_size=w) for stat, windows in spec["rolling"].items()
+    rolling = [made[stat](window_size=w) for stat, windows in spec.rolling.items()
                for w in windows]
-    return {spec["rolling_lag"]: rolling} if rolling else {}
+    return {spec.rolling_lag: rolling} if rolling else {}
 
 
-def target_transforms(spec: dict[str, Any]) -> list | None:
-    if spec["transform"] == "difference":
+def target_transforms(spec: ForecastSpec) -> list | None:
+    if spec.transform == "difference":
         from mlforecast.target_transforms import Differences
 
         return [Differences([1])]
-    if spec["transform"] == "standardize":
+    if spec.transform == "standardize":
         from mlforecast.target_transforms import LocalStandardScaler
 
         return [LocalStandardScaler()]
-    if spec["transform"] == "log1p":
+    if spec.transform == "log1p":
         from mlforecast.target_transforms import GlobalSklearnTransformer
         from sklearn.preprocessing import FunctionTransformer
 
@@ -90,10 +90,10 @@ def target_transforms(spec: dict[str, Any]) -> list | None:
     return None
 
 
-def memory(spec: dict[str, Any]) -> int:
+def memory(spec: ForecastSpec) -> int:
     """How many of the last values the recursive forecast needs."""
-    windows = [w for ws in spec["rolling"].values() for w in ws]
-    return max(spec["lags"] + [spec["rolling_lag"] + w for w in windows]) + 1
+    windows = [w for ws in spec.rolling.values() for w in ws]
+    return max(spec.lags + [spec.rolling_lag + w for w in windows]) + 1
 
 
 @dataclass
@@ -176,7 +176,7 @@ class LagsKind(ForecastKind):
         return self.fit_many(params, history.assign(**{ID: 0}), seed, threads, spec)
 
     def fit_many(self, params: dict[str, Any], frame: pd.DataFrame, seed: int, threads: int,
-                 spec: dict[str, Any], static: list[str] | None = None) -> Any:
+                 spec: ForecastSpec, static: list[str] | None = None) -> Any:
         """One model over the series of ``frame`` (``unique_id``, ``ds``, ``y``, exogenous
         and ``static`` columns)."""
         from mlforecast import MLForecast
@@ -184,13 +184,13 @@ class LagsKind(ForecastKind):
         forecaster = MLForecast(
             models={MODEL: KindRegressor(self.regressor(self.candidate), params, seed,
                                          threads)},
-            freq=spec["frequency"], lags=spec["lags"], lag_transforms=lag_transforms(spec),
-            date_features=spec["date_features"] or None,
+            freq=spec.frequency, lags=spec.lags, lag_transforms=lag_transforms(spec),
+            date_features=spec.date_features or None,
             target_transforms=target_transforms(spec))
-        direct = spec["strategy"] == "direct"
+        direct = spec.strategy == "direct"
         return forecaster.fit(frame, static_features=list(static or []),
                               keep_last_n=memory(spec), cache_train_df=False,
-                              max_horizon=spec["horizon"] if direct else None)
+                              max_horizon=spec.horizon if direct else None)
 
     def serialize(self, model) -> bytes:
         fitted, unfitted = model.models_[MODEL], model.models

@@ -59,7 +59,7 @@ class StatsForecastKind(ForecastKind):
         return np.asarray(model.predict(h=len(future), X=X)["mean"], dtype="float64")
 
     def fit_series(self, params, history: pd.DataFrame, seed, threads, spec) -> Any:
-        exogenous = spec["exogenous"]
+        exogenous = spec.exogenous
         X = history[exogenous].to_numpy(dtype="float64") if exogenous else None
         y = history[TARGET].to_numpy(dtype="float64")
         return model_class(self.candidate.estimator)(**params).fit(y, X)

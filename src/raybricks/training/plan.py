@@ -19,6 +19,7 @@ import pyarrow as pa
 
 from raybricks.config import CandidateConfig, JobConfig
 from raybricks.data import segment_bounds
+from raybricks.kinds.forecasting import ForecastSpec
 from raybricks.segmented_model import SegmentModel
 
 
@@ -55,12 +56,12 @@ class Plan:
     global_token: str = ""
     serve_skipped: bool = False  # skipped segments get their baseline (no global model)
     key_fields: list[pa.Field] = field(default_factory=list)  # segment columns' types
-    forecast: dict[str, Any] | None = None  # task forecast: ``forecast.forecast_spec``
+    forecast: ForecastSpec | None = None  # task forecast: ``forecast.series.forecast_spec``
 
     @property
     def columns(self) -> list[str]:
         extra = [self.time_column] if self.time_column else []
-        static = self.forecast["static"] if self.forecast else []
+        static = self.forecast.static if self.forecast else []
         return list(dict.fromkeys(self.segment_by + self.features + [self.target] + extra
                                   + static))
 

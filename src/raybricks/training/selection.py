@@ -27,6 +27,7 @@ import pyarrow as pa
 from raybricks import metrics
 from raybricks.config import RESERVED_NAMES, CandidateConfig
 from raybricks.kinds import CLASSIFICATION
+from raybricks.kinds.base import MemberMeta
 from raybricks.results import FAILED, SKIPPED, members_schema, result_schema
 
 if TYPE_CHECKING:
@@ -228,7 +229,7 @@ class Skip(Exception):
 
 
 def member_row(candidate: CandidateConfig, weight: float, params: dict[str, Any] | None,
-               payload: bytes, meta: dict[str, Any]) -> dict[str, Any]:
+               payload: bytes, meta: MemberMeta) -> dict[str, Any]:
     """One serialized member of a segment's model, as the models table stores it."""
     return {
         "candidate": candidate.name,

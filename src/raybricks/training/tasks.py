@@ -17,7 +17,7 @@ import pandas as pd
 import pyarrow as pa
 
 from raybricks.config import CandidateConfig, JobConfig
-from raybricks.kinds import ModelKind
+from raybricks.kinds import StoredKind
 from raybricks.training.forecast.task import FORECAST
 from raybricks.training.plan import Plan, SegmentTrainer, Shared
 from raybricks.training.tabular.task import TABLE
@@ -33,7 +33,7 @@ class Task(Protocol):
     def plan(self, config: JobConfig, schema: pa.Schema, threads: int) -> Plan:
         """Resolve the job for the table's schema; refuse what cannot work (DataError)."""
 
-    def kind(self, candidate: CandidateConfig) -> ModelKind:
+    def kind(self, candidate: CandidateConfig) -> StoredKind:
         """The model kind that fits ``candidate`` in this task."""
 
     def share(self, refs: list, plan: Plan, config: JobConfig, num_rows: int) -> Shared:

@@ -9,8 +9,7 @@ for a table's segment, with whose selection (``selection.py``) and result rows
 
 from __future__ import annotations
 
-import time
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -18,8 +17,15 @@ import pandas as pd
 
 from raybricks import kinds, metrics
 from raybricks.config import CandidateConfig
-from raybricks.kinds.forecasting import TARGET, TIME, conformal_offsets, interval_neighbours
-from raybricks.results import TRAINED
+from raybricks.kinds.base import MemberMeta, SeriesMeta, member_meta
+from raybricks.kinds.forecasting import (
+    TARGET,
+    TIME,
+    ForecastSpec,
+    conformal_offsets,
+    interval_neighbours,
+)
+from raybricks.training import recipe
 from raybricks.training.forecast import global_model
 from raybricks.training.forecast.series import (
     Series,
@@ -35,14 +41,13 @@ from raybricks.training.forecast.series import (
     windows,
 )
 from raybricks.training.plan import GLOBAL, Plan, stable_seed
+from raybricks.training.recipe import Chosen, Unit
 from raybricks.training.search import trial_settings
 from raybricks.training.selection import (
     Evaluation,
     Skip,
     cross_fitted,
-    key_row,
     member_row,
-    result_for_error,
     summarize,
 )
 
@@ -51,11 +56,11 @@ from raybricks.training.selection import (
 UNSELECTED_MINIMUM = 10
 
 
-def baselines(spec: dict[str, Any]) -> list[CandidateConfig]:
+def baselines(spec: ForecastSpec) -> list[CandidateConfig]:
     """The naive forecasts every series is compared with: the last value and, with a
     season, the last season's values; the better of them on the backtest is the
     series' baseline."""
-    season = spec["season_length"]
+    season = spec.season_length
     if season > 1:
         return [CandidateConfig(name="baseline", kind="statsforecast",
                                 estimator="SeasonalNaive", params={"season_length": season}),
@@ -69,7 +74,7 @@ NAIVE = CandidateConfig(name="baseline", kind="statsforecast", estimator="Naive"
 def backtest(kind: kinds.ForecastKind, params: dict[str, Any], series: Series,
              origins: list[int], seed: int, plan: Plan) -> np.ndarray:
     """The forecasts of every backtest window, concatenated."""
-    spec, horizon = plan.forecast, plan.forecast["horizon"]
+    spec, horizon = plan.forecast, plan.forecast.horizon
     parts = []
     for origin in origins:
         model = kind.fit_series(params, series.frame.iloc[:origin], seed, plan.threads, spec)
@@ -117,11 +122,11 @@ def intervals(errors: np.ndarray, divisor: float, plan: Plan) -> dict[str, Any] 
     """The series' conformal intervals (``forecast.intervals``; None without levels):
     offsets per bound and step from its backtest errors (``cross_selected_errors``)."""
     spec = plan.forecast
-    if not spec["intervals"]:
+    if not spec.intervals:
         return None
     errors = errors * divisor
-    offsets = conformal_offsets(errors, spec["intervals"], interval_neighbours(spec["horizon"]))
-    return {"levels": spec["intervals"], "offsets": offsets}
+    offsets = conformal_offsets(errors, spec.intervals, interval_neighbours(spec.horizon))
+    return {"levels": spec.intervals, "offsets": offsets}
 
 
 def cross_selected_errors(evaluations: list[Evaluation], actual: np.ndarray, plan: Plan,
@@ -131,26 +136,25 @@ def cross_selected_errors(evaluations: list[Evaluation], actual: np.ndarray, pla
     has them): errors of a choice made without the window, as the future's are (the
     chosen ensemble's own errors on the windows it was chosen on are optimistic, and
     under-cover)."""
-    horizon = plan.forecast["horizon"]
+    horizon = plan.forecast.horizon
     if cross is None:
         cross = cross_fitted(evaluations, actual, np.arange(len(actual)) // horizon, plan)
     return np.abs(actual - cross).reshape(-1, horizon)
 
 
-def member_meta(series: Series, plan: Plan, bounds: dict[str, Any] | None = None
-                ) -> dict[str, Any]:
+def series_meta(series: Series, plan: Plan, bounds: dict[str, Any] | None = None
+                ) -> MemberMeta:
     """What a stored member of this series needs to answer future dates (and
     ``bounds``: its ensemble's interval offsets)."""
     last = series.frame[TIME].iloc[-1]
     spec = plan.forecast
-    return {
-        "features": [plan.time_column, *spec["exogenous"]], "categorical": {},
-        "task": plan.task, "forecast": {
-            "frequency": spec["frequency"], "exogenous": spec["exogenous"],
-            "last": last.isoformat() if isinstance(last, pd.Timestamp) else int(last),
-            "limit": answered(spec),
-        } | ({"intervals": bounds} if bounds else {}),
-    }
+    stored: SeriesMeta = {
+        "frequency": spec.frequency, "exogenous": spec.exogenous,
+        "last": last.isoformat() if isinstance(last, pd.Timestamp) else int(last),
+        "limit": answered(spec)}
+    if bounds:
+        stored["intervals"] = bounds
+    return member_meta([plan.time_column, *spec.exogenous], plan.task, forecast=stored)
 
 
 def fitted_member(candidate: CandidateConfig, weight: float, params: dict[str, Any],
@@ -159,13 +163,96 @@ def fitted_member(candidate: CandidateConfig, weight: float, params: dict[str, A
     """A chosen candidate refitted on the whole series, serialized."""
     if candidate is GLOBAL:  # the job's global model continues its stored history
         return member_row(GLOBAL, weight, {}, global_model.history_payload(series, plan),
-                          member_meta(series, plan, bounds))
+                          series_meta(series, plan, bounds))
     kind = kinds.forecaster(candidate)
     seed = stable_seed(plan.seed, key, candidate.name, "fit")
     model = kind.fit_series(params, series.frame, seed, plan.threads, plan.forecast)
     row = member_row(candidate, weight, params, kind.serialize(model),
-                     member_meta(series, plan, bounds))
+                     series_meta(series, plan, bounds))
     return row | {"kind": kind.name}
+
+
+@dataclass
+class Backtest:
+    """A series ready to backtest: its cleaned values, the windows' origins, the actual
+    values of every window (divided by ``divisor``, the scale of a scaled metric), the
+    naive baseline's backtest and the global model's forecasts of it (if made for its
+    whole block)."""
+
+    series: Series
+    origins: list[int]
+    actual: np.ndarray
+    divisor: float
+    global_backtest: np.ndarray | None
+    naive: Evaluation | None = None  # set by ``SeriesUnit.rivals``
+    # set by ``SeriesUnit.select``: what was compared and its cross-fitted forecasts
+    evaluations: list[Evaluation] = field(default_factory=list)
+    cross: np.ndarray | None = None
+
+
+class SeriesUnit(Unit):
+    """A series as the recipe trains it: cleaned and cut into backtest windows
+    (``backtestable``), every candidate backtested, the global model's backtest and the
+    naive baseline beside them, the choice (cross-fitted over the windows) refitted on
+    the whole series with its conformal intervals; a skipped series is served as
+    ``skipped_members`` says."""
+
+    def __init__(self, data: pd.DataFrame, key: tuple, plan: Plan,
+                 global_backtest: np.ndarray | None = None) -> None:
+        super().__init__(key, plan, self.backtest_candidate, len(data))
+        self.data, self.job, self.global_backtest = data, plan, global_backtest
+
+    def prepare(self) -> Backtest:
+        series, self.plan, global_backtest = backtestable(self.data, self.job,
+                                                          self.global_backtest)
+        spec = self.plan.forecast
+        y = series.y
+        origins = windows(len(y), spec)
+        actual = np.concatenate([y[o:o + spec.horizon] for o in origins])
+        divisor = (scale(y[:origins[0]], spec.season_length)
+                   if metrics.metric(self.plan.metric).scaled else 1.0)
+        return Backtest(series, origins, actual / divisor, divisor, global_backtest)
+
+    def backtest_candidate(self, bt: Backtest, candidate: CandidateConfig) -> Evaluation:
+        """The evaluator: every setting of the candidate backtested here."""
+        return evaluate(bt.series, candidate, self.plan, self.key, bt.origins, bt.actual,
+                        bt.divisor)
+
+    def rivals(self, bt: Backtest) -> list[Evaluation]:
+        found = []
+        if self.plan.global_members:
+            found.append(global_model.evaluate_global(
+                bt.series, self.plan, bt.origins, bt.actual, bt.divisor, bt.global_backtest))
+        bt.naive = baseline(bt.series, self.plan, self.key, bt.origins, bt.actual,
+                            bt.divisor)
+        if self.plan.pool:  # selection all: the baseline competes
+            found.append(bt.naive)
+        return found
+
+    def select(self, bt: Backtest, row: dict[str, Any], evaluations: list[Evaluation]
+               ) -> Chosen:
+        window = np.arange(len(bt.actual)) // self.plan.forecast.horizon
+        bt.cross = cross_fitted(evaluations, bt.actual, window, self.plan)  # metric, intervals
+        bt.evaluations = evaluations
+        chosen = summarize(row, evaluations, bt.actual, bt.naive.predictions, self.plan,
+                           window, bt.cross)
+        if bt.series.notes:
+            row["reason"] = "; ".join(bt.series.notes)
+        return chosen
+
+    def members(self, bt: Backtest, chosen: Chosen) -> list[dict[str, Any]]:
+        bounds = intervals(cross_selected_errors(bt.evaluations, bt.actual, self.plan,
+                                                 bt.cross), bt.divisor, self.plan)
+        return [fitted_member(e.candidate, w, e.params, bt.series, self.plan, self.key,
+                              bounds) for e, w in chosen]
+
+    def served(self, error: Exception, row: dict[str, Any]) -> list[dict[str, Any]]:
+        if not isinstance(error, Skip):
+            return []
+        members, served = skipped_members(self.data, self.job, self.key, error)
+        notes = error.series.notes if isinstance(error, Unfit) else []
+        row["reason"] = "; ".join([row["reason"], *([served] if served else []), *notes])
+        return members
 
 
 def train_series(data: pd.DataFrame, key: tuple, plan: Plan,
@@ -176,44 +263,7 @@ def train_series(data: pd.DataFrame, key: tuple, plan: Plan,
     row says trained (on fewer backtest windows where it is too short for the
     configured ones: ``backtestable``), skipped (served as ``skipped_members`` says,
     where it has values) or failed."""
-    start = time.perf_counter()
-    job = plan
-    try:
-        series, plan, global_backtest = backtestable(data, plan, global_backtest)
-        spec = plan.forecast
-        y = series.y
-        origins = windows(len(y), spec)
-        actual = np.concatenate([y[o:o + spec["horizon"]] for o in origins])
-        divisor = (scale(y[:origins[0]], spec["season_length"])
-                   if metrics.metric(plan.metric).scaled else 1.0)
-        actual = actual / divisor
-        evaluations = [evaluate(series, c, plan, key, origins, actual, divisor)
-                       for c in plan.candidates]
-        if plan.global_members:
-            evaluations.append(global_model.evaluate_global(
-                series, plan, origins, actual, divisor, global_backtest))
-        naive = baseline(series, plan, key, origins, actual, divisor)
-        if plan.pool:  # selection all: the baseline competes
-            evaluations.append(naive)
-        row = key_row(plan, key, len(data))
-        window = np.arange(len(actual)) // spec["horizon"]
-        cross = cross_fitted(evaluations, actual, window, plan)  # once: metric, intervals
-        chosen = summarize(row, evaluations, actual, naive.predictions, plan, window, cross)
-        bounds = intervals(cross_selected_errors(evaluations, actual, plan, cross), divisor,
-                           plan)
-        members = [fitted_member(e.candidate, w, e.params, series, plan, key, bounds)
-                   for e, w in chosen]
-        row["status"] = TRAINED
-        if series.notes:
-            row["reason"] = "; ".join(series.notes)
-    except Exception as exc:  # noqa: BLE001 - a bad series never stops the job
-        row, members = result_for_error(exc, job, key, len(data)), []
-        if isinstance(exc, Skip):
-            members, served = skipped_members(data, job, key, exc)
-            notes = exc.series.notes if isinstance(exc, Unfit) else []
-            row["reason"] = "; ".join([row["reason"], *([served] if served else []), *notes])
-    row["fit_seconds"] = time.perf_counter() - start
-    return row, members
+    return recipe.train(SeriesUnit(data, key, plan, global_backtest))
 
 
 def backtestable(data: pd.DataFrame, plan: Plan, global_backtest: np.ndarray | None = None
@@ -230,18 +280,18 @@ def backtestable(data: pd.DataFrame, plan: Plan, global_backtest: np.ndarray | N
         if not unfit.short:
             raise
         series, spec = unfit.series, plan.forecast
-        n, configured = len(series.frame), spec["windows"]
+        n, configured = len(series.frame), spec.windows
         count = fitting_windows(n, spec, plan.min_rows)
         if not count:
-            one = spec | {"windows": 1}
+            one = replace(spec, windows=1)
             raise Unfit(f"short series: {n} periods; one backtest window of "
-                        f"{spec['horizon']} needs at least "
+                        f"{spec.horizon} needs at least "
                         f"{minimum_length(one, plan.min_rows)}", series, short=True) from None
         note = (f"short: {count} of {configured} backtest windows ({n} periods; "
                 f"{configured} windows need {minimum_length(spec, plan.min_rows)})")
-        shortened = spec | {"windows": count}
-        if spec["intervals"] and count < 2:
-            shortened["intervals"] = []
+        shortened = replace(spec, windows=count)
+        if spec.intervals and count < 2:
+            shortened = replace(shortened, intervals=[])
             note += "; no prediction intervals (they need 2 windows)"
         series.notes.insert(0, note)
         plan = replace(plan, forecast=shortened, folds=count,
@@ -275,8 +325,8 @@ def served_history(data: pd.DataFrame, plan: Plan) -> Series | None:
     the grid since its last missing one (its last value only when its dates are off the
     grid); None without a dated value."""
     spec = plan.forecast
-    policy = "last" if spec["duplicates"] == "skip" else spec["duplicates"]
-    frame, _ = one_row_per_date(dated_rows(data, plan, []), spec | {"duplicates": policy})
+    policy = "last" if spec.duplicates == "skip" else spec.duplicates
+    frame, _ = one_row_per_date(dated_rows(data, plan, []), replace(spec, duplicates=policy))
     frame = frame.dropna(subset=[TARGET])
     if frame.empty:
         return None
@@ -288,7 +338,7 @@ def served_history(data: pd.DataFrame, plan: Plan) -> Series | None:
         missing = np.flatnonzero(frame[TARGET].isna().to_numpy())
         frame = frame.iloc[missing[-1] + 1 if len(missing) else 0:]
     # the naive forecasts read no exogenous value
-    frame = frame.assign(**dict.fromkeys(spec["exogenous"], 0.0))
+    frame = frame.assign(**dict.fromkeys(spec.exogenous, 0.0))
     return Series(frame.reset_index(drop=True), [])
 
 
@@ -298,7 +348,7 @@ def naive_members(series: Series, plan: Plan, key: tuple
     a season of periods, else its naive forecast (its last value), after its last date;
     and the note saying which; nothing (and no note) when it cannot be fitted."""
     spec = plan.forecast
-    season, n = spec["season_length"], len(series.frame)
+    season, n = spec.season_length, len(series.frame)
     if season > 1 and n >= season:
         candidate = baselines(spec)[0]
         note = f"served by its seasonal naive forecast (its last {season} periods repeated)"
@@ -320,7 +370,7 @@ def unselected_member(series: Series, plan: Plan, key: tuple
     statsforecast candidate and the series two seasons (and ``UNSELECTED_MINIMUM``
     periods); and the note saying so. None otherwise, or when it cannot be fitted."""
     spec = plan.forecast
-    season, n = spec["season_length"], len(series.frame)
+    season, n = spec.season_length, len(series.frame)
     statistical = kinds.resolve("statsforecast")
     if n < max(2 * season, UNSELECTED_MINIMUM) or not any(
             issubclass(kinds.forecaster_kind(c.kind), statistical) for c in plan.candidates):

@@ -10,6 +10,7 @@ which forecasts a series that chose it by continuing that series' stored history
 from __future__ import annotations
 
 import io
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -20,7 +21,8 @@ import pyarrow.parquet as pq
 from raybricks import kinds, metrics
 from raybricks.config import CandidateConfig, JobConfig
 from raybricks.data import segment_bounds
-from raybricks.kinds.forecasting import ID, TARGET
+from raybricks.kinds.base import member_meta
+from raybricks.kinds.forecasting import ID, TARGET, ForecastSpec
 from raybricks.kinds.lags import Continued, LagsKind, memory
 from raybricks.training.forecast.series import Series, clean_series, windows
 from raybricks.training.plan import GLOBAL, Plan, global_models
@@ -71,10 +73,10 @@ def fit_global(candidate: CandidateConfig, plan: Plan, *parts: pd.DataFrame
         return [], f"{type(exc).__name__}: {exc}"
 
 
-def global_spec(spec: dict[str, Any]) -> dict[str, Any]:
+def global_spec(spec: ForecastSpec) -> ForecastSpec:
     """The global model's spec: the series' with each series standardized (mlforecast's
     ``LocalStandardScaler``) where ``transform`` is none: one model, many levels."""
-    return spec | {"transform": "standardize"} if spec["transform"] == "none" else spec
+    return replace(spec, transform="standardize") if spec.transform == "none" else spec
 
 
 def fitted_windows(candidate: CandidateConfig, plan: Plan, frame: pd.DataFrame
@@ -84,15 +86,14 @@ def fitted_windows(candidate: CandidateConfig, plan: Plan, frame: pd.DataFrame
     kind = kinds.forecaster(candidate)
     params = trial_settings(candidate, plan.seed)[0]
     from_end = frame.groupby(ID, sort=False).cumcount(ascending=False).to_numpy()
-    cuts = [spec["horizon"] + spec["step"] * (spec["windows"] - 1 - w)
-            for w in range(spec["windows"])] + [0]
-    meta = {"features": [plan.time_column, *spec["exogenous"]], "categorical": {},
-            "task": plan.task, "forecast": {"frequency": spec["frequency"],
-                                            "exogenous": spec["exogenous"]}}
+    cuts = [spec.horizon + spec.step * (spec.windows - 1 - w)
+            for w in range(spec.windows)] + [0]
+    meta = member_meta([plan.time_column, *spec.exogenous], plan.task, forecast={
+        "frequency": spec.frequency, "exogenous": spec.exogenous})
     models = []
     for cut in cuts:
         model = kind.fit_many(params, frame[from_end >= cut], plan.seed, plan.threads, spec,
-                              spec["static"])
+                              spec.static)
         row = member_row(candidate, 1.0, params, kind.serialize(model), meta)
         models.append([row | {"kind": kind.name}])
     return models
@@ -114,7 +115,7 @@ def block_backtests(frame: pd.DataFrame, bounds: list[tuple[tuple, int, int]], p
             continue
     if not found:
         return {}
-    spec, horizon = plan.forecast, plan.forecast["horizon"]
+    spec, horizon = plan.forecast, plan.forecast.horizon
     paths: list[np.ndarray] = []
     try:
         for window, model in enumerate(global_models(plan)):
@@ -127,7 +128,7 @@ def block_backtests(frame: pd.DataFrame, bounds: list[tuple[tuple, int, int]], p
                                .drop(columns=TARGET).assign(**{ID: number}))
             paths.append(member.kind.continue_many(
                 member.model, pd.concat(histories, ignore_index=True),
-                pd.concat(futures, ignore_index=True), horizon, spec["exogenous"]))
+                pd.concat(futures, ignore_index=True), horizon, spec.exogenous))
     except Exception:  # noqa: BLE001 - each series then tries on its own
         return {}
     return {key: np.concatenate([path[number] for path in paths])
@@ -140,7 +141,7 @@ def evaluate_global(series: Series, plan: Plan, origins: list[int], actual: np.n
     global model from the series' history before the window (``forecasts``: those,
     already made by ``block_backtests``); predictions divided by ``divisor``, as
     ``actual`` is."""
-    spec, horizon = plan.forecast, plan.forecast["horizon"]
+    horizon = plan.forecast.horizon
     try:
         if forecasts is None:
             parts = []
@@ -149,7 +150,7 @@ def evaluate_global(series: Series, plan: Plan, origins: list[int], actual: np.n
                 future = series.frame.iloc[origin:origin + horizon].drop(columns=TARGET)
                 parts.append(member.kind.forecast_loaded(
                     Continued(member.model, series.history(origin)),
-                    future.reset_index(drop=True), {"forecast": spec}))
+                    future.reset_index(drop=True), member.meta))
             forecasts = np.concatenate(parts)
         predictions = forecasts / divisor
         if not np.isfinite(predictions).all():

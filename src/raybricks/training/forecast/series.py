@@ -7,7 +7,7 @@ global forecasting model (``global_model.py``) both build on it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import date
 from functools import lru_cache
 from typing import Any
@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from raybricks.config import JobConfig
-from raybricks.kinds.forecasting import TARGET, TIME, times_of
+from raybricks.kinds.forecasting import TARGET, TIME, ForecastSpec, HolidaySpec, times_of
 from raybricks.kinds.lags import memory
 from raybricks.training.plan import Plan
 from raybricks.training.selection import Skip
@@ -29,28 +29,26 @@ HORIZONS_ANSWERED = 10
 INTERMITTENT_ZEROS = 0.5
 
 
-def forecast_spec(config: JobConfig) -> dict[str, Any]:
-    """What every series is trained with, as plain values (travels in the Plan)."""
+def forecast_spec(config: JobConfig) -> ForecastSpec:
+    """What every series is trained with (travels in the Plan)."""
     forecast, validation = config.forecast, config.validation
-    return {
-        "horizon": forecast.horizon, "frequency": forecast.frequency,
-        "season_length": forecast.seasonality, "lags": forecast.lag_list,
-        "rolling": {stat: list(w) for stat, w in forecast.rolling.items()},
-        "rolling_lag": forecast.rolling_lag, "date_features": list(forecast.date_features),
-        "exogenous": list(forecast.exogenous), "transform": forecast.transform,
-        "static": list(dict.fromkeys(forecast.static + (
+    holidays = forecast.holidays
+    return ForecastSpec(
+        horizon=forecast.horizon, frequency=forecast.frequency,
+        season_length=forecast.seasonality, lags=forecast.lag_list,
+        rolling={stat: list(w) for stat, w in forecast.rolling.items()},
+        rolling_lag=forecast.rolling_lag, date_features=list(forecast.date_features),
+        exogenous=list(forecast.exogenous), transform=forecast.transform,
+        static=list(dict.fromkeys(forecast.static + (
             config.segment_by if config.global_segment_features else []))),
-        "gaps": forecast.gaps, "duplicates": forecast.duplicates,
-        "intervals": sorted(set(forecast.intervals)),
-        "strategy": forecast.strategy,
-        "holidays": None if forecast.holidays is None else {
-            "country": forecast.holidays.country,
-            "subdivision": forecast.holidays.subdivision,
-            "dates": tuple(sorted(forecast.holidays.dates)),
-            "before": forecast.holidays.before, "after": forecast.holidays.after},
-        "windows": validation.windows,
-        "step": validation.step or forecast.horizon,
-    }
+        gaps=forecast.gaps, duplicates=forecast.duplicates,
+        intervals=sorted(set(forecast.intervals)), strategy=forecast.strategy,
+        holidays=None if holidays is None else HolidaySpec(
+            country=holidays.country, subdivision=holidays.subdivision,
+            dates=tuple(sorted(holidays.dates)), before=holidays.before,
+            after=holidays.after),
+        windows=validation.windows, step=validation.step or forecast.horizon,
+    )
 
 
 @dataclass
@@ -91,7 +89,7 @@ def clean_series(data: pd.DataFrame, plan: Plan) -> Series:
     skip``, dates off the frequency, gaps with ``gaps: skip``); Unfit for a series that
     cannot be backtested as configured (constant, too short, ...)."""
     spec = plan.forecast
-    exogenous = spec["exogenous"]
+    exogenous = spec.exogenous
     frame = dated_rows(data, plan, exogenous)
     if frame.empty:
         raise Skip("no dates: the time column is null in every row")
@@ -111,22 +109,22 @@ def clean_series(data: pd.DataFrame, plan: Plan) -> Series:
                      f"last value, {last})")
     grid = grid_of(frame[TIME], spec)
     if grid is None:
-        raise Skip(f"dates do not follow frequency {spec['frequency']!r}: they are not every "
+        raise Skip(f"dates do not follow frequency {spec.frequency!r}: they are not every "
                    f"period from {first} (set forecast.frequency to the data's)")
     frame = frame.set_index(TIME).reindex(grid).rename_axis(TIME).reset_index()
     gaps = int(frame[TARGET].isna().sum())
     if gaps:
-        if spec["gaps"] == "skip":
+        if spec.gaps == "skip":
             raise Skip(f"gaps: {gaps} of {len(frame)} periods have no value (set "
                        "forecast.gaps: zero or forward to fill them)")
-        filled = frame[TARGET].fillna(0.0) if spec["gaps"] == "zero" else frame[TARGET].ffill()
+        filled = frame[TARGET].fillna(0.0) if spec.gaps == "zero" else frame[TARGET].ffill()
         frame[TARGET] = filled
-        notes.append(f"gaps filled: {gaps} period(s) ({spec['gaps']})")
-    if spec.get("holidays"):
-        replace = near_holidays(frame[TIME], spec["holidays"])
+        notes.append(f"gaps filled: {gaps} period(s) ({spec.gaps})")
+    if spec.holidays:
+        replace = near_holidays(frame[TIME], spec.holidays)
         if replace.any():
             frame[TARGET] = seasonal_fill(frame[TARGET].to_numpy(dtype="float64"), replace,
-                                          periods_per_week(spec["frequency"]))
+                                          periods_per_week(spec.frequency))
             notes.append(f"holidays replaced: {int(replace.sum())} period(s) near holidays "
                          "(by the same weekday and time of the nearest weeks)")
     if exogenous:
@@ -137,11 +135,11 @@ def clean_series(data: pd.DataFrame, plan: Plan) -> Series:
     series = Series(frame, notes, static_values(data, plan))
     if y.min() == y.max():
         raise Unfit(f"constant series: every value is {float(y[0])!r}", series)
-    if spec["transform"] == "log1p" and y.min() < 0:
+    if spec.transform == "log1p" and y.min() < 0:
         raise Unfit("negative values with forecast.transform=log1p", series)
-    end = spec.get("end")
+    end = spec.end
     if end is not None:
-        end = times_of(pd.Series([end]), spec)[0]
+        end = times_of(pd.Series([end]), spec.frequency)[0]
         behind = len(grid_between(last, end, spec) if last < end else []) - 1
         if behind > 0:
             notes.append(f"ended early: last value {behind} period(s) before the latest "
@@ -151,13 +149,13 @@ def clean_series(data: pd.DataFrame, plan: Plan) -> Series:
         notes.append(f"intermittent: {zeros:.0%} of periods are zero")
     needed = minimum_length(spec, plan.min_rows)
     if len(y) < needed:
-        raise Unfit(f"short series: {len(y)} periods; a backtest of {spec['windows']} "
-                    f"window(s) of {spec['horizon']} needs at least {needed}", series,
+        raise Unfit(f"short series: {len(y)} periods; a backtest of {spec.windows} "
+                    f"window(s) of {spec.horizon} needs at least {needed}", series,
                     short=True)
     return series
 
 
-def one_row_per_date(frame: pd.DataFrame, spec: dict[str, Any]
+def one_row_per_date(frame: pd.DataFrame, spec: ForecastSpec
                      ) -> tuple[pd.DataFrame, list[str]]:
     """``frame`` (``dated_rows``) with one row per date, as ``forecast.duplicates`` says:
     ``sum`` adds a date's targets, ``mean`` averages them, ``last`` keeps its last row's
@@ -167,7 +165,7 @@ def one_row_per_date(frame: pd.DataFrame, spec: dict[str, Any]
     if not repeated.any():
         return frame, []
     dates = frame[TIME][repeated].unique()
-    policy = spec["duplicates"]
+    policy = spec.duplicates
     if policy == "skip":
         raise Skip(f"duplicate dates: {len(dates)} date(s) have more than one row (first "
                    f"{dates[0]}; set forecast.duplicates: sum, mean or last to aggregate "
@@ -197,12 +195,12 @@ def holiday_days(country: str | None, subdivision: str | None, dates: tuple[date
     return pd.DatetimeIndex(sorted(days))
 
 
-def near_holidays(times: pd.Series, spec: dict[str, Any]) -> np.ndarray:
+def near_holidays(times: pd.Series, spec: HolidaySpec) -> np.ndarray:
     """Whether each of ``times`` falls from ``before`` days before a holiday of ``spec``
     (``forecast.holidays``) to ``after`` days after it."""
     days = pd.DatetimeIndex(times).tz_localize(None).normalize()
-    before, after = spec["before"], spec["after"]
-    found = holiday_days(spec["country"], spec["subdivision"], spec["dates"],
+    before, after = spec.before, spec.after
+    found = holiday_days(spec.country, spec.subdivision, spec.dates,
                          days[0].year - 1, days[-1].year + 1)
     around = found.to_numpy()[:, None] + np.arange(-before, after + 1) * np.timedelta64(1, "D")
     return days.isin(around.ravel())
@@ -245,10 +243,10 @@ def seasonal_fill(y: np.ndarray, replace: np.ndarray, period: int) -> np.ndarray
 def static_values(data: pd.DataFrame, plan: Plan) -> dict[str, Any]:
     """A series' value of each static column: that of its latest row with one (None if
     none has)."""
-    columns = plan.forecast["static"]
+    columns = plan.forecast.static
     if not columns:
         return {}
-    latest_last = data.iloc[np.argsort(times_of(data[plan.time_column], plan.forecast),
+    latest_last = data.iloc[np.argsort(times_of(data[plan.time_column], plan.forecast.frequency),
                                        kind="stable")]
     values = {}
     for column in columns:
@@ -261,23 +259,23 @@ def dated_rows(data: pd.DataFrame, plan: Plan, columns: list[str]) -> pd.DataFra
     """The segment's rows with a date, in time order: ``ds``, ``y`` and ``columns`` as
     numbers (NaN where missing; an infinite target too)."""
     target = pd.to_numeric(data[plan.target], errors="coerce").astype("float64")
-    frame = pd.DataFrame({TIME: times_of(data[plan.time_column], plan.forecast),
+    frame = pd.DataFrame({TIME: times_of(data[plan.time_column], plan.forecast.frequency),
                           TARGET: target.where(np.isfinite(target)).to_numpy()})
     for column in columns:
         frame[column] = pd.to_numeric(data[column], errors="coerce").to_numpy()
     return frame[frame[TIME].notna()].sort_values(TIME, kind="stable")
 
 
-def grid_between(first: Any, last: Any, spec: dict[str, Any]) -> pd.Index | None:
+def grid_between(first: Any, last: Any, spec: ForecastSpec) -> pd.Index | None:
     """Every period from ``first`` to ``last``; None when ``first`` is not on the grid."""
-    frequency = spec["frequency"]
+    frequency = spec.frequency
     if isinstance(frequency, int):
         return pd.Index(np.arange(first, last + 1, frequency))
     grid = pd.date_range(first, last, freq=frequency)
     return grid if len(grid) and grid[0] == first else None
 
 
-def grid_of(times: pd.Series | pd.Index, spec: dict[str, Any]) -> pd.Index | None:
+def grid_of(times: pd.Series | pd.Index, spec: ForecastSpec) -> pd.Index | None:
     """Every period from the first of ``times`` (sorted) to the last; None when one of
     them is off that grid."""
     times = pd.Index(times)
@@ -285,7 +283,7 @@ def grid_of(times: pd.Series | pd.Index, spec: dict[str, Any]) -> pd.Index | Non
     return None if grid is None or grid.get_indexer(times).min() < 0 else grid
 
 
-def frequency_problem(times: dict[tuple, pd.Index], spec: dict[str, Any]) -> str | None:
+def frequency_problem(times: dict[tuple, pd.Index], spec: ForecastSpec) -> str | None:
     """Why ``forecast.frequency`` fits none of the sampled segments' dates (``times``,
     each segment's, any subset of them), so that training would skip every series; None
     when a segment with three dates or more fits it, or none has three. A segment does
@@ -296,14 +294,14 @@ def frequency_problem(times: dict[tuple, pd.Index], spec: dict[str, Any]) -> str
     sampled = {key: t for key, t in sampled.items() if len(t) >= 3}
     if not sampled:
         return None
-    frequency = spec["frequency"]
+    frequency = spec.frequency
     reasons = {}
     for key, t in sampled.items():
         grid = grid_of(t, spec)
         spacing = None if isinstance(frequency, int) else pd.infer_freq(t)
         if grid is None:
             reasons[key] = "are not on its grid" + (f" (they are {spacing!r})" if spacing else "")
-        elif spec["gaps"] == "skip" and spacing and len(grid) > len(t):
+        elif spec.gaps == "skip" and spacing and len(grid) > len(t):
             reasons[key] = (f"are {spacing!r}: every period between them would be missing, and "
                             "the series skipped (gaps: skip)")
         else:
@@ -315,27 +313,27 @@ def frequency_problem(times: dict[tuple, pd.Index], spec: dict[str, Any]) -> str
             "W-SUN, MS, h, or an integer step)")
 
 
-def minimum_length(spec: dict[str, Any], min_rows: int) -> int:
+def minimum_length(spec: ForecastSpec, min_rows: int) -> int:
     """The shortest series the backtest can run on: the first window's training part
     (``min_rows``, and enough for the lags) plus every window's origin."""
     train = max(min_rows, memory(spec) + 10)
-    return train + spec["horizon"] + spec["step"] * (spec["windows"] - 1)
+    return train + spec.horizon + spec.step * (spec.windows - 1)
 
 
-def fitting_windows(n: int, spec: dict[str, Any], min_rows: int) -> int:
+def fitting_windows(n: int, spec: ForecastSpec, min_rows: int) -> int:
     """The most backtest windows, at most the configured ones, that a series of ``n``
     periods fits (``minimum_length``); 0 when not even one does."""
-    for count in range(spec["windows"], 0, -1):
-        if n >= minimum_length(spec | {"windows": count}, min_rows):
+    for count in range(spec.windows, 0, -1):
+        if n >= minimum_length(replace(spec, windows=count), min_rows):
             return count
     return 0
 
 
-def windows(n: int, spec: dict[str, Any]) -> list[int]:
+def windows(n: int, spec: ForecastSpec) -> list[int]:
     """The backtest's origins: each window trains on the periods before it and forecasts
     the next ``horizon``; the last window ends with the series."""
-    last = n - spec["horizon"]
-    return [last - spec["step"] * i for i in reversed(range(spec["windows"]))]
+    last = n - spec.horizon
+    return [last - spec.step * i for i in reversed(range(spec.windows))]
 
 
 def scale(y: np.ndarray, season: int) -> float:
@@ -348,7 +346,7 @@ def scale(y: np.ndarray, season: int) -> float:
     return value if value > 0 else 1.0
 
 
-def answered(spec: dict[str, Any]) -> int:
+def answered(spec: ForecastSpec) -> int:
     """How many periods after its history a stored series answers: ten horizons, the
     horizon itself with the direct strategy (its regressors stop there)."""
-    return spec["horizon"] * (1 if spec["strategy"] == "direct" else HORIZONS_ANSWERED)
+    return spec.horizon * (1 if spec.strategy == "direct" else HORIZONS_ANSWERED)

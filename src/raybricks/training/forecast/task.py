@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,7 @@ import pyarrow as pa
 from raybricks import kinds
 from raybricks.config import CandidateConfig, JobConfig
 from raybricks.errors import DataError
-from raybricks.kinds import ModelKind
+from raybricks.kinds import ForecastKind
 from raybricks.kinds.forecasting import future_times, times_of
 from raybricks.results import FAILED, TRAINED, keep_fallback
 from raybricks.training.forecast import global_model
@@ -43,18 +44,18 @@ def forecast_plan(config: JobConfig, schema: pa.Schema, threads: int) -> Plan:
     """Task forecast: the model's inputs are the time column and the exogenous columns;
     every series competes with its naive forecast."""
     spec = forecast_spec(config)
-    needed = config.segment_by + [config.target, config.time_column, *spec["exogenous"],
-                                  *spec["static"]]
+    needed = config.segment_by + [config.target, config.time_column, *spec.exogenous,
+                                  *spec.static]
     missing = [c for c in needed if c not in schema.names]
     if missing:
         raise DataError(f"column(s) {missing} not in the data; it has {schema.names}")
-    for column in [config.target, *spec["exogenous"]]:
+    for column in [config.target, *spec.exogenous]:
         kind = schema.field(column).type
         if not (pa.types.is_integer(kind) or pa.types.is_floating(kind)
                 or pa.types.is_decimal(kind)):
             raise DataError(f"column {column!r} is {kind}, not numeric: task forecast needs "
                             "a numeric target and numeric exogenous columns")
-    for column in spec["static"]:
+    for column in spec.static:
         kind = schema.field(column).type
         if not (pa.types.is_integer(kind) or pa.types.is_floating(kind) or is_categorical(kind)
                 or pa.types.is_boolean(kind) or pa.types.is_decimal(kind)):
@@ -62,17 +63,17 @@ def forecast_plan(config: JobConfig, schema: pa.Schema, threads: int) -> Plan:
                             "numbers or strings (one value per series)")
     time_type = schema.field(config.time_column).type
     dated = pa.types.is_timestamp(time_type) or pa.types.is_date(time_type)
-    if dated != isinstance(spec["frequency"], str) or not (
+    if dated != isinstance(spec.frequency, str) or not (
             dated or pa.types.is_integer(time_type)):
         raise DataError(
             f"time column {config.time_column!r} is {time_type} but forecast.frequency is "
-            f"{spec['frequency']!r}: dates and timestamps take a pandas frequency (D, W, MS, "
+            f"{spec.frequency!r}: dates and timestamps take a pandas frequency (D, W, MS, "
             "h, ...), integer periods an integer step")
     return Plan(
         segment_by=list(config.segment_by), target=config.target,
-        features=[config.time_column, *spec["exogenous"]], categorical=[],
+        features=[config.time_column, *spec.exogenous], categorical=[],
         time_column=config.time_column, task=config.task, metric=config.metric,
-        method="backtest", fraction=0.0, folds=spec["windows"],
+        method="backtest", fraction=0.0, folds=spec.windows,
         candidates=list(config.models), ensemble=config.ensemble.method,
         top_k=config.ensemble.top_k, within=config.ensemble.within,
         margin=config.ensemble.margin, shrink=shrink_of(config, 0.0),
@@ -125,19 +126,19 @@ def forecast_manifest(plan: Plan, schema: pa.Schema) -> dict[str, Any] | None:
                  if not pa.types.is_timestamp(kind) else "timestamp" if kind.tz
                  else "timestamp_ntz")
     return {"time_column": plan.time_column, "time_type": time_type,
-            "frequency": spec["frequency"], "horizon": spec["horizon"],
-            "season_length": spec["season_length"], "exogenous": spec["exogenous"],
-            "answers": answered(spec), "intervals": spec["intervals"]}
+            "frequency": spec.frequency, "horizon": spec.horizon,
+            "season_length": spec.season_length, "exogenous": spec.exogenous,
+            "answers": answered(spec), "intervals": spec.intervals}
 
 
 def future_example(rows: pd.DataFrame, plan: Plan, periods: int = 5) -> pd.DataFrame:
     """Rows a forecast takes, for the model's input example: the ``periods`` after the
     series' last date (exogenous values: the last known)."""
     spec = plan.forecast
-    times = times_of(rows[plan.time_column], spec)
+    times = times_of(rows[plan.time_column], spec.frequency)
     last = rows.iloc[[int(np.argmax(times))]]
     example = pd.concat([last] * periods, ignore_index=True)[plan.segment_by + plan.features]
-    example[plan.time_column] = future_times(spec, times.max(), periods)
+    example[plan.time_column] = future_times(spec.frequency, times.max(), periods)
     return example
 
 
@@ -149,15 +150,15 @@ class ForecastTask:
     def plan(self, config: JobConfig, schema: pa.Schema, threads: int) -> Plan:
         return forecast_plan(config, schema, threads)
 
-    def kind(self, candidate: CandidateConfig) -> ModelKind:
-        return kinds.of(candidate, forecast=True)
+    def kind(self, candidate: CandidateConfig) -> ForecastKind:
+        return kinds.forecaster(candidate)
 
     def share(self, refs: list, plan: Plan, config: JobConfig, num_rows: int) -> Shared:
         """The latest period of any series (series ending before it are noted) and, with
         ``fallback: global``, the global model of every backtest window, which competes
         in every series, and over whole series, the fallback."""
-        plan = replace_plan(plan, forecast=plan.forecast | {
-            "end": series_end(refs, plan.time_column)})
+        plan = replace_plan(plan, forecast=replace(plan.forecast,
+                                                   end=series_end(refs, plan.time_column)))
         if config.fallback != "global":
             return Shared(plan, lambda run_dir: None)
         models, error = global_models(refs, plan, config, num_rows)

@@ -34,14 +34,15 @@ from raybricks import kinds, metrics
 from raybricks.compat import train_scaling, tune_report, tune_run_config
 from raybricks.config import CandidateConfig, JobConfig
 from raybricks.kinds import prepare_features
-from raybricks.results import TRAINED, Outcome
+from raybricks.results import Outcome
 from raybricks.segmented_model import MemberModel
+from raybricks.training import recipe
 from raybricks.training.plan import Plan, segment_rows, stable_seed
+from raybricks.training.recipe import Chosen, Unit
 from raybricks.training.search import trial_settings
 from raybricks.training.selection import (
     Evaluation,
     Skip,
-    key_row,
     keyed_members,
     member_row,
     members_table,
@@ -228,51 +229,89 @@ def predict_rows(kind: str, payload: bytes, meta: dict, table: pa.Table) -> np.n
 def train_large_segment(
     block_ref, key: tuple, plan: Plan, config: JobConfig, run_dir: Path
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """One large segment: the recipe with Ray Train as the evaluator (``LargeSegment``),
+    or, without a data-parallel candidate, one Ray task like any segment."""
     import ray
 
-    boosting = [c for c in plan.candidates if data_parallel(c)]
-    if not boosting:  # nothing data-parallel to do: one task, like any segment
+    if not any(data_parallel(c) for c in plan.candidates):
         return ray.get(ray.remote(train_one_segment).remote(block_ref, plan, key))
-    train_ref, valid_ref, info_ref = ray.remote(num_returns=3)(split_segment).remote(
-        block_ref, plan, key)
-    info = ray.get(info_ref)
-    if "skip" in info:
-        return result_for_error(Skip(info["skip"]), plan, key), []
-    meta = info["meta"]
-    storage = run_dir / "ray_train"
-    predict = ray.remote(predict_rows)
-    evaluations = []
-    for candidate in boosting:
+    return recipe.train(LargeSegment(block_ref, key, plan, config, run_dir))
+
+
+class LargeSegment(Unit):
+    """A segment too large for one task, as the recipe trains it: split on a Ray task
+    (``split_segment``: the training and validation rows in the object store, the
+    baseline and the global model already scored), each data-parallel candidate searched
+    with Ray Tune and fitted with Ray Train (the evaluator), the choice refitted with Ray
+    Train on all rows. Candidates that do not train data-parallel are left out, noted."""
+
+    def __init__(self, block_ref: Any, key: tuple, plan: Plan, config: JobConfig,
+                 run_dir: Path) -> None:
+        super().__init__(key, plan, self.fit_data_parallel, 0)
+        self.block_ref, self.config, self.run_dir = block_ref, config, run_dir
+        self.storage = run_dir / "ray_train"
+
+    def prepare(self) -> tuple[Any, Any, dict[str, Any]]:
+        import ray
+
+        train_ref, valid_ref, info_ref = ray.remote(num_returns=3)(split_segment).remote(
+            self.block_ref, self.plan, self.key)
+        info = ray.get(info_ref)
+        if "skip" in info:
+            raise Skip(info["skip"])
+        return train_ref, valid_ref, info
+
+    def rows(self, prepared: tuple) -> int:
+        return prepared[2]["n_rows"]
+
+    def fit_data_parallel(self, prepared: tuple, candidate: CandidateConfig) -> Evaluation:
+        """The evaluator: Ray Tune's search (with ``search``), then Ray Train's fit on the
+        training rows, scored on the validation rows."""
+        import ray
+
+        if not data_parallel(candidate):
+            return Evaluation(candidate, error="not data-parallel: left out of a large segment")
+        train_ref, valid_ref, info = prepared
+        meta, plan = info["meta"], self.plan
         try:
             if candidate.search:
                 best = tune_candidate(candidate, train_ref, valid_ref, meta, plan,
-                                      run_dir / "ray_tune")
+                                      self.run_dir / "ray_tune")
                 candidate = seg.replace_search(candidate, best)
-            payload = fit_data_parallel(candidate, [train_ref], meta, plan, config, storage)
-            predictions = ray.get(predict.remote(candidate.kind, payload, meta, valid_ref))
+            payload = fit_data_parallel(candidate, [train_ref], meta, plan, self.config,
+                                        self.storage)
+            predictions = ray.get(ray.remote(predict_rows).remote(candidate.kind, payload,
+                                                                  meta, valid_ref))
             value = metrics.metric(plan.metric).score(info["y_valid"], predictions)
-            evaluations.append(Evaluation(candidate, candidate.params, value, predictions,
-                                          [payload]))
         except Exception as exc:  # noqa: BLE001 - one candidate failing is recorded
-            evaluations.append(Evaluation(candidate, error=f"{type(exc).__name__}: {exc}"))
-    row = key_row(plan, key, info["n_rows"])
-    chosen = summarize(row, evaluations + info["pool"], info["y_valid"], info["baseline"],
-                       plan)
-    skipped = [c.name for c in plan.candidates if not data_parallel(c)]
-    row["reason"] = (f"large segment: not data-parallel, not fitted: {skipped}"
-                     if skipped else None)
-    members = []
-    for evaluation, weight in chosen:
-        if evaluation.candidate.name in info["pool_members"]:  # the baseline, the global
-            stored = info["pool_members"][evaluation.candidate.name]
-            if len(chosen) > 1 and not stored:  # the global model alone stores nothing
-                stored = [member_row(evaluation.candidate, 1.0, {}, b"", meta)]
-            members += [member | {"weight": float(weight)} for member in stored]
-            continue
-        payload = (fit_data_parallel(evaluation.candidate, [train_ref, valid_ref], meta, plan,
-                                     config, storage)
-                   if plan.refit else evaluation.split_models[0])
-        members.append(member_row(evaluation.candidate, weight, evaluation.params,
+            return Evaluation(candidate, error=f"{type(exc).__name__}: {exc}")
+        return Evaluation(candidate, candidate.params, value, predictions, [payload])
+
+    def rivals(self, prepared: tuple) -> list[Evaluation]:
+        return prepared[2]["pool"]
+
+    def select(self, prepared: tuple, row: dict[str, Any], evaluations: list[Evaluation]
+               ) -> Chosen:
+        info = prepared[2]
+        chosen = summarize(row, evaluations, info["y_valid"], info["baseline"], self.plan)
+        skipped = [c.name for c in self.plan.candidates if not data_parallel(c)]
+        row["reason"] = (f"large segment: not data-parallel, not fitted: {skipped}"
+                         if skipped else None)
+        return chosen
+
+    def members(self, prepared: tuple, chosen: Chosen) -> list[dict[str, Any]]:
+        train_ref, valid_ref, info = prepared
+        meta, members = info["meta"], []
+        for evaluation, weight in chosen:
+            if evaluation.candidate.name in info["pool_members"]:  # the baseline, the global
+                stored = info["pool_members"][evaluation.candidate.name]
+                if len(chosen) > 1 and not stored:  # the global model alone stores nothing
+                    stored = [member_row(evaluation.candidate, 1.0, {}, b"", meta)]
+                members += [member | {"weight": float(weight)} for member in stored]
+                continue
+            payload = (fit_data_parallel(evaluation.candidate, [train_ref, valid_ref], meta,
+                                         self.plan, self.config, self.storage)
+                       if self.plan.refit else evaluation.split_models[0])
+            members.append(member_row(evaluation.candidate, weight, evaluation.params,
                                       payload, meta))
-    row["status"] = TRAINED
-    return row, members
+        return members

@@ -9,7 +9,6 @@ all share it.
 from __future__ import annotations
 
 import dataclasses
-import time
 import warnings
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,16 +19,16 @@ import pandas as pd
 from raybricks import kinds, metrics
 from raybricks.config import CandidateConfig
 from raybricks.kinds import CLASSIFICATION, ModelKind, filled_input, prepare_features
-from raybricks.results import TRAINED
+from raybricks.kinds.base import MemberMeta, member_meta
 from raybricks.segmented_model import align_classes
+from raybricks.training import recipe
 from raybricks.training.plan import GLOBAL, Plan, global_models, stable_seed
+from raybricks.training.recipe import Chosen, Evaluator, Unit
 from raybricks.training.search import trial_settings
 from raybricks.training.selection import (
     Evaluation,
     Skip,
-    key_row,
     member_row,
-    result_for_error,
     summarize,
 )
 
@@ -81,7 +80,7 @@ class Prepared:
 
     y: np.ndarray
     splits: list[tuple[np.ndarray, np.ndarray]]
-    meta: dict[str, Any]
+    meta: MemberMeta
     n_rows: int
     values: np.ndarray | None = None
     frame: pd.DataFrame | None = None
@@ -139,7 +138,7 @@ def prepare(data: pd.DataFrame | Columns, plan: Plan, key: tuple) -> Prepared:
         order = base[np.argsort(columns.times[base], kind="stable")]
     if order is not None:
         columns = columns.rows(order)
-    meta: dict[str, Any] = {"features": plan.features, "categorical": {}, "task": plan.task}
+    meta = member_meta(plan.features, plan.task)
     numeric = plan.features
     X = None
     values = columns.matrix
@@ -408,7 +407,7 @@ def member_rows(prep: Prepared, members, plan: Plan, key: tuple) -> list[dict[st
             )
         else:
             model, trained = evaluation.split_models[0]
-        meta = dict(prep.meta)
+        meta = MemberMeta(**prep.meta)
         if trained is not None:
             meta["trained_classes"] = trained.tolist()
         rows.append(member_row(candidate, weight, evaluation.params, kind.serialize(model),
@@ -431,37 +430,57 @@ def best_of(found: list[Evaluation], candidate: CandidateConfig, plan: Plan) -> 
     return dataclasses.replace(best, candidate=candidate)
 
 
-def finish(
-    prep: Prepared, evaluations: list[Evaluation], plan: Plan, key: tuple
-) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """From the candidates' evaluations to the result row and the serialized members."""
-    row = key_row(plan, key, prep.n_rows)
-    y_valid = prep.y[validation_rows(prep)]
-    chosen = summarize(row, evaluations, y_valid, baseline(prep, plan), plan,
-                       split_groups(prep))
-    members = member_rows(prep, chosen, plan, key)
-    row["status"] = TRAINED
-    return row, members
+class TableSegment(Unit):
+    """A table's segment as the recipe trains it: its rows prepared (``prepare``), the
+    candidates scored on its validation splits, the baseline and the global model beside
+    them, the choice refitted on all rows (``member_rows``); a constant or (with
+    ``serve_skipped``) skipped segment is served by its naive baseline. ``prepared``: the
+    segment already prepared (the spread path)."""
+
+    def __init__(self, data: pd.DataFrame | Columns | None, key: tuple, plan: Plan,
+                 evaluate: Evaluator | None = None, prepared: Prepared | None = None) -> None:
+        super().__init__(key, plan, evaluate or self.fit_locally,
+                         len(data) if data is not None else prepared.n_rows)
+        self.data, self.prepared = data, prepared
+        self.timed = prepared is None  # the spread path fitted the candidates elsewhere
+
+    def fit_locally(self, prep: Prepared, candidate: CandidateConfig) -> Evaluation:
+        """The evaluator of one process: every setting fitted here (``evaluate``)."""
+        return evaluate(prep, candidate, self.plan, self.key)
+
+    def prepare(self) -> Prepared:
+        return self.prepared or prepare(self.data, self.plan, self.key)
+
+    def rows(self, prep: Prepared) -> int:
+        return prep.n_rows
+
+    def rivals(self, prep: Prepared) -> list[Evaluation]:
+        found = [evaluate(prep, c, self.plan, self.key) for c in self.plan.pool]
+        if self.plan.global_members:
+            found.append(evaluate_global(prep, self.plan, self.key))
+        return found
+
+    def select(self, prep: Prepared, row: dict[str, Any], evaluations: list[Evaluation]
+               ) -> Chosen:
+        return summarize(row, evaluations, prep.y[validation_rows(prep)],
+                         baseline(prep, self.plan), self.plan, split_groups(prep))
+
+    def members(self, prep: Prepared, chosen: Chosen) -> list[dict[str, Any]]:
+        return member_rows(prep, chosen, self.plan, self.key)
+
+    def served(self, error: Exception, row: dict[str, Any]) -> list[dict[str, Any]]:
+        if self.data is not None and (isinstance(error, ConstantTarget) or (
+                isinstance(error, Skip) and self.plan.serve_skipped)):
+            return skipped_baseline(self.data, self.plan, row)
+        return []
 
 
 def train_segment(
     data: pd.DataFrame | Columns, key: tuple, plan: Plan
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """Train one segment (its rows as a frame or as ``Columns``). Never raises: the
-    result row says trained, skipped or failed."""
-    start = time.perf_counter()
-    try:
-        prep = prepare(data, plan, key)
-        evaluations = [evaluate(prep, c, plan, key) for c in plan.candidates + plan.pool]
-        if plan.global_members:
-            evaluations.append(evaluate_global(prep, plan, key))
-        row, members = finish(prep, evaluations, plan, key)
-    except Exception as exc:  # noqa: BLE001 - a bad segment never stops the job
-        row, members = result_for_error(exc, plan, key, len(data)), []
-        if isinstance(exc, ConstantTarget) or (isinstance(exc, Skip) and plan.serve_skipped):
-            members = skipped_baseline(data, plan, row)
-    row["fit_seconds"] = time.perf_counter() - start
-    return row, members
+    """Train one segment (its rows as a frame or as ``Columns``) in this process. Never
+    raises: the result row says trained, skipped or failed."""
+    return recipe.train(TableSegment(data, key, plan))
 
 
 def skipped_baseline(data: pd.DataFrame | Columns, plan: Plan, row: dict[str, Any]
@@ -479,7 +498,7 @@ def skipped_baseline(data: pd.DataFrame | Columns, plan: Plan, row: dict[str, An
     values = target.to_numpy()[keep]
     if plan.time_column and columns.times is not None:
         values = values[np.argsort(columns.times[keep], kind="stable")]
-    meta: dict[str, Any] = {"features": plan.features, "categorical": {}, "task": plan.task}
+    meta = member_meta(plan.features, plan.task)
     if plan.task in CLASSIFICATION:
         y, meta["classes"] = encode_classes(values, sorted_classes(values))
     else:

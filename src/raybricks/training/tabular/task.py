@@ -20,6 +20,7 @@ from raybricks.data import segment_bounds
 from raybricks.errors import DataError
 from raybricks.kinds import ModelKind
 from raybricks.results import keep_fallback
+from raybricks.training import recipe
 from raybricks.training.plan import (
     Plan,
     SegmentTrainer,
@@ -30,6 +31,7 @@ from raybricks.training.plan import (
     shrink_of,
 )
 from raybricks.training.remote import remote
+from raybricks.training.selection import Evaluation
 from raybricks.training.tabular import segment as seg
 from raybricks.training.tabular.large import train_large_segments
 
@@ -200,20 +202,19 @@ def evaluate_setting(prep, plan: Plan, key: tuple, name: str, params: dict):
 
 
 def finish_segment(prep, plan: Plan, key: tuple, trials: dict[str, list]):
-    """Pick each candidate's best setting, ensemble, refit; the segment's result row."""
+    """The recipe on a prepared segment whose candidates' settings were fitted on other
+    Ray tasks (``trials``: per candidate, their evaluations): each candidate's best
+    setting, the rivals, the choice, the refit; the segment's result row."""
     import ray
 
     if not isinstance(prep, seg.Prepared):  # skipped or failed: already its result
         return prep
-    evaluations = []
-    for name, refs in trials.items():
-        found = [e for e in ray.get(refs) if e is not None]
-        candidate = next(c for c in plan.candidates if c.name == name)
-        evaluations.append(seg.best_of(found, candidate, plan))
-    evaluations += [seg.evaluate(prep, c, plan, key) for c in plan.pool]
-    if plan.global_members:
-        evaluations.append(seg.evaluate_global(prep, plan, key))
-    return seg.finish(prep, evaluations, plan, key)
+
+    def best_setting(prepared: seg.Prepared, candidate: CandidateConfig) -> Evaluation:
+        found = [e for e in ray.get(trials[candidate.name]) if e is not None]
+        return seg.best_of(found, candidate, plan)
+
+    return recipe.train(seg.TableSegment(None, key, plan, best_setting, prepared=prep))
 
 
 def split_global_models(refs, plan: Plan, whole: Plan, num_rows: int
