@@ -96,7 +96,8 @@ def _backtest_one(uid: str) -> Backtested | None:
                                               spec.horizon)})
     for candidate in [*plan.candidates, *fc.baselines(spec)]:
         name = candidate.name if candidate.name != "baseline" else candidate.estimator
-        found = fc.evaluate(series, candidate, plan, (uid,), origins, actual / divisor, divisor)
+        found = fc.backtest_candidate(series, candidate, plan, (uid,), origins,
+                                      actual / divisor, divisor)
         if found.error is not None:
             continue
         kind = kinds.forecaster(candidate)

@@ -180,6 +180,7 @@ def test_backtest_windows_end_with_the_series_and_the_baseline_matches_numpy(tmp
     origins = windows(90, plan.forecast)
     assert origins == [73, 78, 83] and origins[-1] + HORIZON == 90
     row, members = train_series(frame, ("a",), plan)
+    row = row.as_row(plan)
     assert row["status"] == TRAINED
     # the seasonal naive forecast of each window, computed here independently
     predictions = np.concatenate(
@@ -198,6 +199,7 @@ def test_the_baseline_is_the_better_naive_forecast(tmp_path):
     plan = plan_for(frame, tmp_path, validation={"windows": 3, "step": 5})
     origins = windows(90, plan.forecast)
     row, _ = train_series(frame, ("walk",), plan)
+    row = row.as_row(plan)
     actual = np.concatenate([y[o:o + HORIZON] for o in origins])
     denominator = np.mean(np.abs(y[7:origins[0]] - y[:origins[0] - 7]))
     last = np.concatenate([np.full(HORIZON, y[o - 1]) for o in origins])
@@ -220,6 +222,7 @@ def test_defaults_blend_local_candidates_and_selection_all_lets_the_baseline_com
     assert plan_for(noisy, tmp_path, selection="all").shrink == 0.0
     assert plan_for(noisy, tmp_path, ensemble={"shrink": 0.3}).shrink == 0.3
     row, members = train_series(noisy, ("cycle",), plan)
+    row = row.as_row(plan)
     chosen = json.loads(row["chosen"])
     errors = {name: row[f"{name}_mase"] for name in ("lgbm", "theta")}
     best = min(errors.values())
@@ -227,6 +230,7 @@ def test_defaults_blend_local_candidates_and_selection_all_lets_the_baseline_com
     assert sorted(chosen) == sorted(n for n, e in errors.items() if e <= 1.1 * best)
     plan = plan_for(noisy, tmp_path, ensemble={"within": 100})
     row, members = train_series(noisy, ("cycle",), plan)
+    row = row.as_row(plan)
     chosen = json.loads(row["chosen"])
     assert sorted(chosen) == ["lgbm", "theta"]  # both, weighted by inverse error
     weights = [m["weight"] for m in members]
@@ -236,6 +240,7 @@ def test_defaults_blend_local_candidates_and_selection_all_lets_the_baseline_com
     frame = series("cycle", y)
     plan = plan_for(frame, tmp_path, selection="all", ensemble="best")
     row, members = train_series(frame, ("cycle",), plan)
+    row = row.as_row(plan)
     assert json.loads(row["chosen"]) == ["baseline"]
     assert row["metric_mase"] == row["baseline_mase"] < row["theta_mase"]
     assert json.loads(members[0]["params"]) == {"season_length": 7}
@@ -315,6 +320,7 @@ def test_direct_strategy_is_mlforecasts_one_model_per_step(tmp_path):
     plan = plan_for(frame, tmp_path, models=ridge, forecast={
         "horizon": HORIZON, "frequency": "D", "strategy": "direct"})
     row, members = train_series(frame, ("a",), plan)
+    row = row.as_row(plan)
     assert row["status"] == TRAINED and json.loads(row["chosen"]) == ["ridge"]
     future = pd.DataFrame({"store": "a", "day": pd.date_range(
         frame.day.max() + pd.Timedelta(days=1), periods=HORIZON + 1)})
@@ -380,6 +386,7 @@ def test_data_conditions_end_skipped_or_trained_never_failed(tmp_path, name):
                     forecast={"horizon": HORIZON, "frequency": "D", "rolling": {"mean": [7]},
                               "date_features": ["dayofweek"], **keys})
     row, members = train_series(frame.reset_index(drop=True), (name,), plan)
+    row = row.as_row(plan)
     assert row["status"] == status and row["status"] != FAILED
     assert reason in (row["reason"] or ""), row["reason"]
     if status == TRAINED:
@@ -404,6 +411,7 @@ def test_infinite_values_between_the_first_and_last_are_gaps(tmp_path):
         plan = plan_for(frame, tmp_path, forecast={"horizon": HORIZON, "frequency": "D",
                                                    "gaps": gaps})
         row, _ = train_series(frame, ("a",), plan)
+        row = row.as_row(plan)
         assert row["status"] == status
         if gaps == "skip":
             assert row["reason"].startswith("gaps: 1 of 58 periods have no value")
@@ -443,7 +451,9 @@ def test_a_frequency_that_fits_no_segment_is_refused_before_training(spark, tmp_
 
 def test_dates_answer_as_timestamps_do(tmp_path):
     frame = series("a", 10 + np.arange(60.0) % 7)
-    row, members = train_series(frame, ("a",), plan_for(frame, tmp_path))
+    plan = plan_for(frame, tmp_path)
+    row, members = train_series(frame, ("a",), plan)
+    row = row.as_row(plan)
     model = SegmentModel.from_rows(members)
     future = pd.DataFrame({"store": "a", "day": pd.date_range("2024-03-01", periods=5)})
     stamps = model.predict(future)
@@ -458,6 +468,7 @@ def test_gaps_filled_on_request(tmp_path):
         plan = plan_for(frame, tmp_path, forecast={"horizon": HORIZON, "frequency": "D",
                                                    "gaps": gaps})
         row, _ = train_series(frame, ("gaps",), plan)
+        row = row.as_row(plan)
         assert row["status"] == TRAINED and f"gaps filled: 2 period(s) ({gaps})" in row["reason"]
 
 
@@ -479,6 +490,7 @@ def test_empty_periods_before_the_first_value_are_dropped_between_values_gaps(tm
     assert cleaned.frame.ds.iloc[0] == months[5] and cleaned.frame.ds.iloc[-1] == months[70]
     assert cleaned.y[40 - 5] == y[39]  # forward
     row, members = train_series(frame, ("m",), plan)
+    row = row.as_row(plan)
     assert row["status"] == TRAINED, row["reason"]
     assert row["reason"].split("; ") == [
         "leading empty periods dropped: 5 (the series starts at its first value, "
@@ -489,8 +501,9 @@ def test_empty_periods_before_the_first_value_are_dropped_between_values_gaps(tm
     future = pd.DataFrame({"store": "m", "day": [months[71]]})  # after its last value
     assert np.isfinite(SegmentModel.from_rows(members).predict(future)).all()
     # with gaps: skip the empty periods at the ends are not gaps: the one between is
-    row, _ = train_series(frame, ("m",), plan_for(frame, tmp_path, models=ets,
-                                                 forecast=monthly | {"gaps": "skip"}))
+    plan = plan_for(frame, tmp_path, models=ets, forecast=monthly | {"gaps": "skip"})
+    row, _ = train_series(frame, ("m",), plan)
+    row = row.as_row(plan)
     assert row["status"] == SKIPPED and row["reason"].startswith("gaps: 1 of 66 periods")
 
 
@@ -512,7 +525,9 @@ def test_duplicate_dates_follow_forecast_duplicates(tmp_path):
                                                "duplicates": "skip"})
     with pytest.raises(Skip, match="duplicate dates: 2 date\\(s\\) have more than one row"):
         clean_series(twice, plan)
-    row, _ = train_series(twice, ("d",), plan_for(twice, tmp_path, models=FAST))
+    plan = plan_for(twice, tmp_path, models=FAST)
+    row, _ = train_series(twice, ("d",), plan)
+    row = row.as_row(plan)
     assert row["status"] == TRAINED and "duplicate dates aggregated: 2 (sum)" in row["reason"]
 
 
@@ -530,8 +545,9 @@ def test_a_series_too_short_for_its_backtest_steps_down_a_ladder(tmp_path):
 
     def trained(n: int, **changes):
         frame = series("a", y[:n])
-        row, members = train_series(frame, ("a",), plan_for(
-            frame, tmp_path, **({"forecast": forecast_keys} | changes)))
+        plan = plan_for(frame, tmp_path, **({"forecast": forecast_keys} | changes))
+        row, members = train_series(frame, ("a",), plan)
+        row = row.as_row(plan)
         future = pd.DataFrame({"store": "a", "day": pd.date_range(
             frame.day.iloc[-1] + pd.Timedelta(days=1), periods=HORIZON)})
         model = SegmentModel.from_rows(members)
@@ -603,6 +619,7 @@ def test_holidays_keep_a_holiday_week_out_of_the_forecast(tmp_path):
         plan = plan_for(low, tmp_path, forecast={"horizon": HORIZON, "frequency": "D",
                                                  "holidays": holidays})
         row, members = train_series(low, ("a",), plan)
+        row = row.as_row(plan)
         assert row["status"] == TRAINED
         forecasts = SegmentModel.from_rows(members).predict(future)
         errors[holidays] = float(np.mean(np.abs(forecasts - expected)))
@@ -614,6 +631,7 @@ def test_integer_periods(tmp_path):
     frame = pd.DataFrame({"store": "a", "day": np.arange(100, 160), "sales": y})
     plan = plan_for(frame, tmp_path, forecast={"horizon": 5, "frequency": 1})
     row, members = train_series(frame, ("a",), plan)
+    row = row.as_row(plan)
     assert row["status"] == TRAINED
     model = SegmentModel.from_rows(members)
     ahead = model.predict(pd.DataFrame({"store": "a", "day": [160, 164, 159, 300]}))
@@ -974,6 +992,7 @@ def test_the_global_backtest_of_a_block_is_each_series_own(tmp_path):
     assert set(batched) == {key for key, _, _ in bounds} - {("short",), ("shorter",)}
     start, end = next((s, e) for key, s, e in bounds if key == ("shorter",))
     row, _ = train_series(frame.iloc[start:end], ("shorter",), plan)
+    row = row.as_row(plan)
     assert row["status"] == TRAINED and row["reason"].startswith("short: 2 of 3 backtest")
     assert np.isfinite(row["global_mase"]) and row["n_valid"] == 2 * HORIZON
     _, shortened, _ = backtestable(frame.iloc[start:end], plan)
@@ -985,7 +1004,7 @@ def test_the_global_backtest_of_a_block_is_each_series_own(tmp_path):
         own = clean_series(frame.iloc[start:end], plan)
         origins = windows(len(own.frame), plan.forecast)
         actual = np.concatenate([own.y[o:o + HORIZON] for o in origins])
-        alone = gf.evaluate_global(own, plan, origins, actual, 1.0)
+        alone = gf.backtest_global(own, plan, origins, actual, 1.0)
         assert alone.error is None
         np.testing.assert_allclose(batched[key], alone.predictions, rtol=1e-9)
 

@@ -93,6 +93,7 @@ def test_catboost_classifies_with_probabilities_over_every_class(tmp_path):
                  features=["x1", "x2"], time_column=None)
     plan = make_plan(config, pa.Schema.from_pandas(frame, preserve_index=False))
     row, members = train_segment(frame, (0,), plan)
+    row = row.as_row(plan)
     assert row["status"] == "trained", row["reason"]
     assert row["metric_logloss"] < row["baseline_logloss"]
     model = SegmentModel.from_rows(members)

@@ -17,7 +17,13 @@ from raybricks.data import to_ray_dataset
 from raybricks.segmented_model import SegmentModel
 from raybricks.training import train_segments
 from raybricks.training.plan import replace_plan
-from raybricks.training.selection import Evaluation, reference, select, summarize
+from raybricks.training.selection import (
+    Evaluation,
+    SegmentResult,
+    reference,
+    select,
+    summarize,
+)
 from raybricks.training.tabular.segment import make_splits, train_segment
 from raybricks.training.tasks import make_plan
 from tests.test_training import job
@@ -188,6 +194,7 @@ def test_no_data_condition_ends_failed(method, tmp_path):
                      validation={"method": method}, min_rows=10)
         plan = make_plan(config, pa.Schema.from_pandas(frame, preserve_index=False))
         row, members = train_segment(frame, ("s",), plan)
+        row = row.as_row(plan)
         assert row["status"] in ("trained", "skipped"), (name, method, row["reason"])
         assert row["status"] == "trained" or row["reason"], (name, method)
         assert row["status"] == "skipped" or members, (name, method)
@@ -456,10 +463,10 @@ def test_the_reported_metric_is_not_the_winners_flattering_score():
     for _ in range(200):
         y = rng.normal(size=30)
         candidates = [scored(f"c{i}", y, rng.normal(scale=0.5, size=30)) for i in range(20)]
-        row = {}
+        row = SegmentResult(("s",))
         chosen = summarize(row, candidates, y, np.zeros(30), plan)
         own.append(chosen[0][0].value)
-        honest.append(row["metric_rmse"])
+        honest.append(row.estimate)
         truth.append(np.sqrt(1 + 0.25))  # any of them on new rows: E[(y - p)^2] = 1.25
     own, honest, truth = np.mean(own), np.mean(honest), np.mean(truth)
     assert own < truth - 0.1  # the optimism the old report had
@@ -472,6 +479,7 @@ def test_a_constant_segment_is_served_by_its_constant_even_with_a_global_fallbac
                  fallback="global", min_rows=10)
     plan = make_plan(config, pa.Schema.from_pandas(frame, preserve_index=False))
     row, members = train_segment(frame, ("s",), plan)
+    row = row.as_row(plan)
     assert row["status"] == "skipped" and row["reason"].startswith("constant target")
     (member,) = members
     assert member["kind"] == "baseline"

@@ -183,6 +183,7 @@ def test_few_segments_spread_over_tasks_match_in_process_fit(ray_on_spark, spark
     spread = train_segments(ds, config).segments.iloc[0]
     plan = make_plan(config, ds.schema)
     local, _ = train_segment(data.reset_index(drop=True), ("s4",), plan)
+    local = local.as_row(plan)
     assert spread["status"] == local["status"] == "trained"
     for column in ("metric_rmse", "ridge_rmse", "lgbm_rmse", "xgb_rmse", "chosen"):
         assert spread[column] == pytest.approx(local[column])

@@ -60,7 +60,12 @@ from raybricks.segmented_model import KeyIndex
 from raybricks.training.plan import Plan, segment_rows, stable_seed
 from raybricks.training.remote import remote
 from raybricks.training.search import trial_settings
-from raybricks.training.selection import keyed_members, members_table, results_table
+from raybricks.training.selection import (
+    SegmentResult,
+    keyed_members,
+    members_table,
+    results_table,
+)
 from raybricks.training.tasks import Task, make_plan, task_of
 
 log = logging.getLogger(__name__)
@@ -450,7 +455,7 @@ def _run_packed(refs, bounds: list[BlockSegments], chunks: list[Chunk], slots: i
                     waiting.extend((chunk, frozenset([key])) for key in keys)
                     submit_next()
                     continue
-                outcome = Outcome.of(_lost_block(keys, plan, exc), pa.table({}))
+                outcome = Outcome.of(failed_rows(keys, plan, lost_reason(exc)), pa.table({}))
             outcome.write(run_dir, f"part-{chunk.block:06d}-{parts:06d}-{attempt}")
             parts += 1
             bar.update(outcome.segments)
@@ -499,21 +504,18 @@ def data_lost(run_id: str, run_dir: Path, missing: int, total: int) -> DataLostE
         run_id)
 
 
-def _lost_block(keys: Iterable[tuple], plan: Plan, exc: Exception) -> pa.Table:
-    """Segments whose task failed beyond its retries end ``failed`` with the error."""
+def lost_reason(exc: Exception) -> str:
+    """Why the segments of a task that failed beyond its retries end ``failed``."""
     first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    reason = f"worker lost after retries ({type(exc).__name__}): {first}"
-    return failed_rows(keys, plan, reason)
+    return f"worker lost after retries ({type(exc).__name__}): {first}"
 
 
 def failed_rows(keys: Iterable[tuple], plan: Plan, reason: str | list[str]) -> pa.Table:
     """``failed`` result rows for these segments, with one reason or one each."""
     keys = list(keys)
     reasons = [reason] * len(keys) if isinstance(reason, str) else reason
-    return results_table([
-        dict(zip(plan.segment_by, key, strict=True)) | {"status": FAILED, "reason": why}
-        for key, why in zip(keys, reasons, strict=True)
-    ], plan)
+    return results_table([SegmentResult(key, status=FAILED, reason=why)
+                          for key, why in zip(keys, reasons, strict=True)], plan)
 
 
 def _write_timed_out(watch: Watch, limit: float, plan: Plan, run_dir: Path, attempt: str):
@@ -560,7 +562,7 @@ def _run_spread(refs, todo, task: Task, plan: Plan, config: JobConfig, run_dir: 
             if block_lost(blocks[key]):
                 lost.append(key)
                 continue
-            row, rows = _lost_block([key], plan, exc).to_pylist()[0], []
+            row, rows = SegmentResult(key, status=FAILED, reason=lost_reason(exc)), []
         results.append(row)
         members.extend(keyed_members(plan, key, rows))
     Outcome.of(results_table(results, plan), members_table(members, plan)).write(

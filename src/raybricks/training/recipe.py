@@ -19,7 +19,7 @@ from typing import Any
 from raybricks.config import CandidateConfig
 from raybricks.results import TRAINED
 from raybricks.training.plan import Plan
-from raybricks.training.selection import Evaluation, key_row, result_for_error
+from raybricks.training.selection import Evaluation, SegmentResult, result_for_error
 
 #: How one candidate is fitted and scored on a prepared unit: (prepared, candidate) ->
 #: its best setting's evaluation (an error in it, rather than raised, when none fits).
@@ -54,7 +54,7 @@ class Unit:
         global model (``fallback: global``), evaluated on the same rows."""
         return []
 
-    def select(self, prepared: Any, row: dict[str, Any], evaluations: list[Evaluation]
+    def select(self, prepared: Any, row: SegmentResult, evaluations: list[Evaluation]
                ) -> Chosen:
         """Choose or blend (``selection.summarize``), writing the scores and the choice
         into ``row``."""
@@ -64,29 +64,28 @@ class Unit:
         """The chosen members, refitted where the plan says so, serialized."""
         raise NotImplementedError
 
-    def served(self, error: Exception, row: dict[str, Any]) -> list[dict[str, Any]]:
+    def served(self, error: Exception, row: SegmentResult) -> list[dict[str, Any]]:
         """What serves a unit that was skipped or failed (``row``: its result, whose
         reason may be completed); nothing by default."""
         return []
 
 
-def train(unit: Unit) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+def train(unit: Unit) -> tuple[SegmentResult, list[dict[str, Any]]]:
     """Train one unit. Never raises: the result row says trained, skipped (a data
     condition, with the reason) or failed (with the error)."""
     start = time.perf_counter()
-    plan = unit.plan
     try:
         prepared = unit.prepare()
-        plan = unit.plan  # preparing may narrow it (a short series' fewer windows)
-        evaluations = [unit.evaluate(prepared, c) for c in plan.candidates]
+        # preparing may narrow the plan (a short series' fewer windows)
+        evaluations = [unit.evaluate(prepared, c) for c in unit.plan.candidates]
         evaluations += unit.rivals(prepared)
-        row = key_row(plan, unit.key, unit.rows(prepared))
+        row = SegmentResult(unit.key, unit.rows(prepared))
         chosen = unit.select(prepared, row, evaluations)
         members = unit.members(prepared, chosen)
-        row["status"] = TRAINED
+        row.status = TRAINED
     except Exception as exc:  # noqa: BLE001 - a bad unit never stops the job
-        row = result_for_error(exc, plan, unit.key, unit.n_rows)
+        row = result_for_error(exc, unit.key, unit.n_rows)
         members = unit.served(exc, row)
     if unit.timed:
-        row["fit_seconds"] = time.perf_counter() - start
+        row.fit_seconds = time.perf_counter() - start
     return row, members

@@ -186,8 +186,45 @@ def choice_label(candidate: CandidateConfig, plan: Plan) -> str:
     return f"local:{candidate.name}"
 
 
+@dataclass
+class SegmentResult:
+    """One segment's result, as every path fills it; ``as_row`` writes it in the run's
+    result schema (``results.result_schema``). ``scores``: each candidate's validation
+    score and the global model's, by name (None: it failed); ``baseline``: the naive
+    baseline's; ``estimate``: the choice's, cross-fitted; ``chosen``: its members'
+    labels, with ``weights``; ``fit_seconds``: None where not measured."""
+
+    key: tuple
+    n_rows: int = 0
+    status: str = FAILED
+    reason: str | None = None
+    n_valid: int | None = None
+    baseline: float | None = None
+    scores: dict[str, float | None] = field(default_factory=dict)
+    estimate: float | None = None
+    chosen: list[str] | None = None
+    weights: list[float] | None = None
+    fit_seconds: float | None = None
+
+    def as_row(self, plan: Plan) -> dict[str, Any]:
+        """The result table's row: the segment columns, then the schema's columns (those
+        never set left out: null in the table)."""
+        metric = plan.metric
+        row: dict[str, Any] = dict(zip(plan.segment_by, self.key, strict=True))
+        row.update(status=self.status, reason=self.reason, n_rows=self.n_rows)
+        optional = {"n_valid": self.n_valid, f"baseline_{metric}": self.baseline,
+                    **{f"{name}_{metric}": v for name, v in self.scores.items()},
+                    f"metric_{metric}": self.estimate,
+                    "chosen": None if self.chosen is None else json.dumps(self.chosen),
+                    "weights": None if self.weights is None else json.dumps(self.weights),
+                    "fit_seconds": self.fit_seconds}
+        scored = {f"{name}_{metric}" for name in self.scores}
+        row.update({k: v for k, v in optional.items() if v is not None or k in scored})
+        return row
+
+
 def summarize(
-    row: dict[str, Any], evaluations: list[Evaluation], y_valid: np.ndarray,
+    row: SegmentResult, evaluations: list[Evaluation], y_valid: np.ndarray,
     baseline_predictions: np.ndarray, plan: Plan, groups: np.ndarray | None = None,
     cross: np.ndarray | None = None,
 ) -> list[tuple[Evaluation, float]]:
@@ -196,13 +233,13 @@ def summarize(
     validation row's fold or window (None: one holdout, cross-fitted in fifths);
     ``cross``: the cross-fitted predictions over ``groups``, when the caller has them.
     Raises when every local candidate failed."""
-    row["n_valid"] = len(y_valid)
+    row.n_valid = len(y_valid)
     metric = metrics.metric(plan.metric)
-    row[f"baseline_{plan.metric}"] = metric.score(y_valid, baseline_predictions)
+    row.baseline = metric.score(y_valid, baseline_predictions)
     local = [e for e in evaluations if not is_reference(e)]
     for e in evaluations:
         if e.candidate.name != "baseline":  # its column is filled above
-            row[f"{e.candidate.name}_{plan.metric}"] = e.value
+            row.scores[e.candidate.name] = e.value
     if all(e.error is not None for e in local):  # an error, not a data condition
         raise RuntimeError(
             "every candidate failed: "
@@ -218,9 +255,9 @@ def summarize(
                                                       chosen))
     else:  # a single validation row: nothing to cross-fit
         estimate = metric.score(y_valid, blended(chosen))
-    row[f"metric_{plan.metric}"] = estimate
-    row["chosen"] = json.dumps([choice_label(e.candidate, plan) for e, _ in chosen])
-    row["weights"] = json.dumps([round(w, 6) for _, w in chosen])
+    row.estimate = estimate
+    row.chosen = [choice_label(e.candidate, plan) for e, _ in chosen]
+    row.weights = [round(w, 6) for _, w in chosen]
     return chosen
 
 
@@ -241,11 +278,11 @@ def member_row(candidate: CandidateConfig, weight: float, params: dict[str, Any]
     }
 
 
-def results_table(rows: list[dict[str, Any]], plan: Plan) -> pa.Table:
-    """Result rows as a table of the run's result schema (a column no row has is null)."""
+def results_table(rows: list[SegmentResult], plan: Plan) -> pa.Table:
+    """Results as a table of the run's result schema (a column no row has is null)."""
     names = [c.name for c in plan.candidates] + (["global"] if plan.global_members else [])
     schema = result_schema(key_fields(plan), plan.metric, names)
-    return pa.Table.from_pylist(rows, schema=schema)
+    return pa.Table.from_pylist([row.as_row(plan) for row in rows], schema=schema)
 
 
 def members_table(rows: list[dict[str, Any]], plan: Plan) -> pa.Table:
@@ -258,22 +295,13 @@ def key_fields(plan: Plan) -> list[pa.Field]:
     return [pa.field(f.name, f.type) for f in plan.key_fields]
 
 
-def key_row(plan: Plan, key: tuple, n_rows: int) -> dict[str, Any]:
-    row: dict[str, Any] = dict(zip(plan.segment_by, key, strict=True))
-    row.update(status=FAILED, reason=None, n_rows=n_rows)
-    return row
-
-
-def result_for_error(error: BaseException, plan: Plan, key: tuple, n_rows: int = 0):
-    """The result row of a segment that was skipped (Skip) or failed (anything else)."""
-    row = key_row(plan, key, n_rows)
+def result_for_error(error: BaseException, key: tuple, n_rows: int = 0) -> SegmentResult:
+    """The result of a segment that was skipped (Skip) or failed (anything else)."""
     if isinstance(error, Skip):
-        row.update(status=SKIPPED, reason=str(error))
-    else:
-        frames = traceback.extract_tb(error.__traceback__)
-        where = f" (at {frames[-1].filename}:{frames[-1].lineno})" if frames else ""
-        row["reason"] = f"{type(error).__name__}: {error}{where}"
-    return row
+        return SegmentResult(key, n_rows, SKIPPED, str(error))
+    frames = traceback.extract_tb(error.__traceback__)
+    where = f" (at {frames[-1].filename}:{frames[-1].lineno})" if frames else ""
+    return SegmentResult(key, n_rows, FAILED, f"{type(error).__name__}: {error}{where}")
 
 
 def keyed_members(plan: Plan, key: tuple, members: list[dict[str, Any]]) -> list[dict]:

@@ -45,6 +45,7 @@ from raybricks.training.recipe import Chosen, Unit
 from raybricks.training.search import trial_settings
 from raybricks.training.selection import (
     Evaluation,
+    SegmentResult,
     Skip,
     cross_fitted,
     member_row,
@@ -83,7 +84,7 @@ def backtest(kind: kinds.ForecastKind, params: dict[str, Any], series: Series,
     return np.concatenate(parts)
 
 
-def evaluate(series: Series, candidate: CandidateConfig, plan: Plan, key: tuple,
+def backtest_candidate(series: Series, candidate: CandidateConfig, plan: Plan, key: tuple,
              origins: list[int], actual: np.ndarray, divisor: float) -> Evaluation:
     """Every setting of a candidate, backtested; the best by the metric (predictions
     divided by ``divisor``, as ``actual`` is)."""
@@ -107,10 +108,10 @@ def evaluate(series: Series, candidate: CandidateConfig, plan: Plan, key: tuple,
     return best
 
 
-def baseline(series: Series, plan: Plan, key: tuple, origins: list[int],
+def naive_baseline(series: Series, plan: Plan, key: tuple, origins: list[int],
              actual: np.ndarray, divisor: float) -> Evaluation:
     """The better of the naive forecasts (``baselines``) on the backtest."""
-    found = [evaluate(series, c, plan, key, origins, actual, divisor)
+    found = [backtest_candidate(series, c, plan, key, origins, actual, divisor)
              for c in baselines(plan.forecast)]
     ok = [e for e in found if e.error is None]
     if not ok:
@@ -199,7 +200,7 @@ class SeriesUnit(Unit):
 
     def __init__(self, data: pd.DataFrame, key: tuple, plan: Plan,
                  global_backtest: np.ndarray | None = None) -> None:
-        super().__init__(key, plan, self.backtest_candidate, len(data))
+        super().__init__(key, plan, self.evaluate_candidate, len(data))
         self.data, self.job, self.global_backtest = data, plan, global_backtest
 
     def prepare(self) -> Backtest:
@@ -213,23 +214,23 @@ class SeriesUnit(Unit):
                    if metrics.metric(self.plan.metric).scaled else 1.0)
         return Backtest(series, origins, actual / divisor, divisor, global_backtest)
 
-    def backtest_candidate(self, bt: Backtest, candidate: CandidateConfig) -> Evaluation:
+    def evaluate_candidate(self, bt: Backtest, candidate: CandidateConfig) -> Evaluation:
         """The evaluator: every setting of the candidate backtested here."""
-        return evaluate(bt.series, candidate, self.plan, self.key, bt.origins, bt.actual,
-                        bt.divisor)
+        return backtest_candidate(bt.series, candidate, self.plan, self.key, bt.origins,
+                                  bt.actual, bt.divisor)
 
     def rivals(self, bt: Backtest) -> list[Evaluation]:
         found = []
         if self.plan.global_members:
-            found.append(global_model.evaluate_global(
+            found.append(global_model.backtest_global(
                 bt.series, self.plan, bt.origins, bt.actual, bt.divisor, bt.global_backtest))
-        bt.naive = baseline(bt.series, self.plan, self.key, bt.origins, bt.actual,
+        bt.naive = naive_baseline(bt.series, self.plan, self.key, bt.origins, bt.actual,
                             bt.divisor)
         if self.plan.pool:  # selection all: the baseline competes
             found.append(bt.naive)
         return found
 
-    def select(self, bt: Backtest, row: dict[str, Any], evaluations: list[Evaluation]
+    def select(self, bt: Backtest, row: SegmentResult, evaluations: list[Evaluation]
                ) -> Chosen:
         window = np.arange(len(bt.actual)) // self.plan.forecast.horizon
         bt.cross = cross_fitted(evaluations, bt.actual, window, self.plan)  # metric, intervals
@@ -237,7 +238,7 @@ class SeriesUnit(Unit):
         chosen = summarize(row, evaluations, bt.actual, bt.naive.predictions, self.plan,
                            window, bt.cross)
         if bt.series.notes:
-            row["reason"] = "; ".join(bt.series.notes)
+            row.reason = "; ".join(bt.series.notes)
         return chosen
 
     def members(self, bt: Backtest, chosen: Chosen) -> list[dict[str, Any]]:
@@ -246,18 +247,18 @@ class SeriesUnit(Unit):
         return [fitted_member(e.candidate, w, e.params, bt.series, self.plan, self.key,
                               bounds) for e, w in chosen]
 
-    def served(self, error: Exception, row: dict[str, Any]) -> list[dict[str, Any]]:
+    def served(self, error: Exception, row: SegmentResult) -> list[dict[str, Any]]:
         if not isinstance(error, Skip):
             return []
         members, served = skipped_members(self.data, self.job, self.key, error)
         notes = error.series.notes if isinstance(error, Unfit) else []
-        row["reason"] = "; ".join([row["reason"], *([served] if served else []), *notes])
+        row.reason = "; ".join([row.reason, *([served] if served else []), *notes])
         return members
 
 
 def train_series(data: pd.DataFrame, key: tuple, plan: Plan,
                  global_backtest: np.ndarray | None = None
-                 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+                 ) -> tuple[SegmentResult, list[dict[str, Any]]]:
     """Train one series (its rows as a frame; ``global_backtest``: the global model's
     backtest forecasts of it, when made for its whole block). Never raises: the result
     row says trained (on fewer backtest windows where it is too short for the

@@ -135,7 +135,7 @@ def block_backtests(frame: pd.DataFrame, bounds: list[tuple[tuple, int, int]], p
             for number, key in enumerate(found)}
 
 
-def evaluate_global(series: Series, plan: Plan, origins: list[int], actual: np.ndarray,
+def backtest_global(series: Series, plan: Plan, origins: list[int], actual: np.ndarray,
                     divisor: float, forecasts: np.ndarray | None = None) -> Evaluation:
     """The global model on the series' backtest: each window forecast by that window's
     global model from the series' history before the window (``forecasts``: those,

@@ -42,6 +42,7 @@ from raybricks.training.recipe import Chosen, Unit
 from raybricks.training.search import trial_settings
 from raybricks.training.selection import (
     Evaluation,
+    SegmentResult,
     Skip,
     keyed_members,
     member_row,
@@ -72,7 +73,7 @@ def train_large_segments(refs, large_keys, plan: Plan, config: JobConfig, run_di
             try:
                 row, members = train_large_segment(block_ref, key, plan, config, run_dir)
             except Exception as exc:  # noqa: BLE001 - a bad segment never stops the job
-                row, members = result_for_error(exc, plan, key), []
+                row, members = result_for_error(exc, key), []
             Outcome.of(
                 results_table([row], plan),
                 members_table(keyed_members(plan, key, members), plan),
@@ -228,7 +229,7 @@ def predict_rows(kind: str, payload: bytes, meta: dict, table: pa.Table) -> np.n
 
 def train_large_segment(
     block_ref, key: tuple, plan: Plan, config: JobConfig, run_dir: Path
-) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+) -> tuple[SegmentResult, list[dict[str, Any]]]:
     """One large segment: the recipe with Ray Train as the evaluator (``LargeSegment``),
     or, without a data-parallel candidate, one Ray task like any segment."""
     import ray
@@ -290,13 +291,13 @@ class LargeSegment(Unit):
     def rivals(self, prepared: tuple) -> list[Evaluation]:
         return prepared[2]["pool"]
 
-    def select(self, prepared: tuple, row: dict[str, Any], evaluations: list[Evaluation]
+    def select(self, prepared: tuple, row: SegmentResult, evaluations: list[Evaluation]
                ) -> Chosen:
         info = prepared[2]
         chosen = summarize(row, evaluations, info["y_valid"], info["baseline"], self.plan)
         skipped = [c.name for c in self.plan.candidates if not data_parallel(c)]
-        row["reason"] = (f"large segment: not data-parallel, not fitted: {skipped}"
-                         if skipped else None)
+        row.reason = (f"large segment: not data-parallel, not fitted: {skipped}"
+                      if skipped else None)
         return chosen
 
     def members(self, prepared: tuple, chosen: Chosen) -> list[dict[str, Any]]:

@@ -27,6 +27,7 @@ from raybricks.training.recipe import Chosen, Evaluator, Unit
 from raybricks.training.search import trial_settings
 from raybricks.training.selection import (
     Evaluation,
+    SegmentResult,
     Skip,
     member_row,
     summarize,
@@ -460,7 +461,7 @@ class TableSegment(Unit):
             found.append(evaluate_global(prep, self.plan, self.key))
         return found
 
-    def select(self, prep: Prepared, row: dict[str, Any], evaluations: list[Evaluation]
+    def select(self, prep: Prepared, row: SegmentResult, evaluations: list[Evaluation]
                ) -> Chosen:
         return summarize(row, evaluations, prep.y[validation_rows(prep)],
                          baseline(prep, self.plan), self.plan, split_groups(prep))
@@ -468,7 +469,7 @@ class TableSegment(Unit):
     def members(self, prep: Prepared, chosen: Chosen) -> list[dict[str, Any]]:
         return member_rows(prep, chosen, self.plan, self.key)
 
-    def served(self, error: Exception, row: dict[str, Any]) -> list[dict[str, Any]]:
+    def served(self, error: Exception, row: SegmentResult) -> list[dict[str, Any]]:
         if self.data is not None and (isinstance(error, ConstantTarget) or (
                 isinstance(error, Skip) and self.plan.serve_skipped)):
             return skipped_baseline(self.data, self.plan, row)
@@ -477,13 +478,13 @@ class TableSegment(Unit):
 
 def train_segment(
     data: pd.DataFrame | Columns, key: tuple, plan: Plan
-) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+) -> tuple[SegmentResult, list[dict[str, Any]]]:
     """Train one segment (its rows as a frame or as ``Columns``) in this process. Never
     raises: the result row says trained, skipped or failed."""
     return recipe.train(TableSegment(data, key, plan))
 
 
-def skipped_baseline(data: pd.DataFrame | Columns, plan: Plan, row: dict[str, Any]
+def skipped_baseline(data: pd.DataFrame | Columns, plan: Plan, row: SegmentResult
                      ) -> list[dict[str, Any]]:
     """A skipped segment's naive baseline (the pool's ``baseline`` kind, fitted on its rows
     with a target, in time order where there is a time column), so the registered model

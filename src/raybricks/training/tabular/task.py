@@ -247,7 +247,7 @@ def run_fallback(refs, whole: Plan, config: JobConfig, num_rows: int, run_dir: P
     samples = [sampler.remote(ref, fraction, whole.seed + i, whole.columns)
                for i, ref in enumerate(refs)]
     row, members = ray.get(remote(train_fallback).remote(whole, *samples))
-    return keep_fallback(run_dir, {k: v for k, v in row.items()
+    return keep_fallback(run_dir, {k: v for k, v in row.as_row(whole).items()
                                     if k not in whole.segment_by}, members)
 
 
