@@ -209,10 +209,12 @@ def finish_segment(prep, plan: Plan, key: tuple, trials: dict[str, list]):
 
     if not isinstance(prep, seg.Prepared):  # skipped or failed: already its result
         return prep
+    # gathered before the recipe: a setting's task lost beyond its retries fails this
+    # task, and the engine ends the segment failed as a lost worker
+    found = {name: [e for e in ray.get(refs) if e is not None] for name, refs in trials.items()}
 
     def best_setting(prepared: seg.Prepared, candidate: CandidateConfig) -> Evaluation:
-        found = [e for e in ray.get(trials[candidate.name]) if e is not None]
-        return seg.best_of(found, candidate, plan)
+        return seg.best_of(found[candidate.name], candidate, plan)
 
     return recipe.train(seg.TableSegment(None, key, plan, best_setting, prepared=prep))
 
