@@ -72,7 +72,7 @@ def main() -> None:
             training = run("bench_training.py", ["--only", "raybricks", "--sizes", args.sizes],
                            src, work / label)
             forecast = run("bench_forecast.py", [args.dataset], src, work / label,
-                           {"BENCH_FORECAST_ONLY": ",".join([WARM, *PEERS])})
+                           {"BENCH_FORECAST_ONLY": "|".join([WARM, *PEERS])})
             found[label] = {"training_vs_loop": training_ratios(training),
                             "forecast_series_per_s": forecast_rates(forecast)}
     finally:

@@ -273,9 +273,9 @@ def warm_up(source) -> None:
     mlflow.search_experiments()
 
 
-#: BENCH_FORECAST_ONLY: run only the methods whose names contain one of these
-#: comma-separated parts (bench/before_after.py: the warm raybricks run and the peers).
-ONLY = [part for part in os.environ.get("BENCH_FORECAST_ONLY", "").split(",") if part]
+#: BENCH_FORECAST_ONLY: run only the methods whose names contain one of these parts,
+#: separated by "|" (bench/before_after.py: the warm raybricks run and the peers).
+ONLY = [part for part in os.environ.get("BENCH_FORECAST_ONLY", "").split("|") if part]
 
 
 def bench(data: Dataset, spark, workdir: str) -> dict[str, Any]:
