@@ -259,6 +259,7 @@ def test_a_clean_up_that_fails_after_an_interrupt_still_ends_as_interrupted(tmp_
     assert "Answer from Java side is empty" in log_file.read_text()
 
 
+@pytest.mark.heavy  # console output, the same on every runtime: the newest versions only
 def test_the_python_api_shows_its_stages_and_keeps_library_logs_in_the_run_log(
         ray_on_spark, tmp_path, capsys):
     import raybricks
