@@ -66,7 +66,7 @@ from raybricks.training.selection import (
     members_table,
     results_table,
 )
-from raybricks.training.tasks import Task, make_plan, task_of
+from raybricks.training.tasks import Task, task_of
 
 log = logging.getLogger(__name__)
 
@@ -316,10 +316,10 @@ def train_segments(
         )
     threads = max(int(max(c.resources.num_cpus for c in config.models)), 1)
     task = task_of(config)
-    plan = make_plan(config, segmented.schema, threads)
-    shared = task.share(segmented.block_refs(), plan, config, segmented.num_rows)
-    plan = shared.plan
     refs = segmented.block_refs()
+    shared = task.share(refs, task.plan(config, segmented.schema, threads), config,
+                        segmented.num_rows)
+    plan = shared.plan
     previous = read_parts(run_dir / "results", plan.segment_by) if config.training.resume \
         else pa.table({})
     bounds = segmented.segments

@@ -21,6 +21,7 @@ from raybricks.config import CandidateConfig, JobConfig
 from raybricks.data import segment_bounds
 from raybricks.kinds.forecasting import ForecastSpec
 from raybricks.segmented_model import SegmentModel
+from raybricks.training.selection import SegmentResult
 
 
 @dataclass
@@ -111,16 +112,16 @@ def segment_rows(block: pa.Table, plan: Plan, key: tuple) -> pd.DataFrame:
     return block.slice(start, end - start).select(plan.columns).to_pandas()
 
 
+@dataclass(frozen=True)
 class Shared:
     """What a job's segments share, made before they train (``Task.share``): the plan
     they train with (global models, the series' end, ...) and how to finish the job's
     fallback model once they have trained (``fallback(run_dir)``: its members, or None)."""
 
-    def __init__(self, plan: Plan, fallback: Callable[[Path], list[dict] | None]) -> None:
-        self.plan = plan
-        self.fallback = fallback
+    plan: Plan
+    fallback: Callable[[Path], list[dict] | None]
 
 
 #: One segment's training: (key, first row, end row) of the block -> its result row and
 #: serialized members. Never raises: the row says trained, skipped or failed.
-SegmentTrainer = Callable[[tuple, int, int], tuple[dict[str, Any], list[dict[str, Any]]]]
+SegmentTrainer = Callable[[tuple, int, int], tuple[SegmentResult, list[dict[str, Any]]]]

@@ -101,7 +101,7 @@ def series_end(refs, time_column: str) -> Any:
     return str(max(ends)) if ends and not isinstance(ends[0], int) else max(ends, default=None)
 
 
-def global_models(refs, plan: Plan, config: JobConfig, num_rows: int
+def fit_global_models(refs, plan: Plan, config: JobConfig, num_rows: int
                             ) -> tuple[list[list[dict]], str | None]:
     """Task forecast: the global model of every backtest window (what each series'
     backtest compares) and over whole series (the fallback, last), from the series of
@@ -161,7 +161,7 @@ class ForecastTask:
                                                    end=series_end(refs, plan.time_column)))
         if config.fallback != "global":
             return Shared(plan, lambda run_dir: None)
-        models, error = global_models(refs, plan, config, num_rows)
+        models, error = fit_global_models(refs, plan, config, num_rows)
         if error is not None:
             log.warning("the global model was not trained (%s): every series trains "
                         "without it", error)

@@ -31,7 +31,7 @@ from raybricks.training.plan import (
     shrink_of,
 )
 from raybricks.training.remote import remote
-from raybricks.training.selection import Evaluation
+from raybricks.training.selection import Evaluation, SegmentResult
 from raybricks.training.tabular import segment as seg
 from raybricks.training.tabular.large import train_large_segments
 
@@ -174,7 +174,7 @@ def global_training_rows(block: pa.Table, plan: Plan, fraction: float, seed: int
     return tables[0] if splits == 1 else tables
 
 
-def train_fallback(plan: Plan, *samples: pa.Table) -> tuple[dict, list[dict]]:
+def train_fallback(plan: Plan, *samples: pa.Table) -> tuple[SegmentResult, list[dict]]:
     """Ray task body: one model over (a sample of) all rows, whatever the segment."""
     frame = pa.concat_tables(samples, promote_options="permissive").to_pandas()
     key = tuple(None for _ in plan.segment_by)
