@@ -21,6 +21,8 @@ SPARK_START = re.compile(r"Using Spark's default log4j profile|Setting default l
                          r"To adjust logging level use sc\.setLogLevel")
 
 
+# heavy: the CLI's train on every runtime is covered by the interrupt and error tests' runs; ~78 s
+@pytest.mark.heavy
 def test_train_command_trains_every_segment(ray_on_spark, tmp_path):
     source = tmp_path / "shops.parquet"
     helpers.shops().to_parquet(source)

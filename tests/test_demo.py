@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
+
 from raybricks import flights_demo as demo
 
 
+# heavy: the demo runs on the lock's versions (make demo); ~57 s
+@pytest.mark.heavy
 def test_demo_trains_registers_scores_and_promotes_on_a_second_run(ray_on_spark, spark,
                                                                   capsys):
     from mlflow import MlflowClient

@@ -353,6 +353,8 @@ def test_flattened_params_stay_within_mlflow_limits():
     assert json.loads(flat["segment_by"]) == ["s", "t"]
 
 
+# heavy: the model format on every runtime: test_registered_formats; ~24 s
+@pytest.mark.heavy
 def test_ten_thousand_segment_model_round_trip(shops_result, tmp_path, capsys):
     """10,000 segments through log, register and load (time and size reported, not
     asserted): a real Ridge member of the training run stands in for every segment."""

@@ -537,6 +537,8 @@ def test_single_class_segment_is_skipped(ray_on_spark, spark, tmp_path):
     assert rows.loc[9, "reason"] == "single class: every target value is 'yes'"
 
 
+# heavy: accounting is the same code on every runtime; ~24 s
+@pytest.mark.heavy
 def test_100k_tiny_segments_are_each_accounted_once(ray_on_spark, spark, tmp_path):
     rng = np.random.default_rng(5)
     sizes = np.where(rng.random(100_000) < 0.05, 3, 2)  # 5% can train (min_rows=3)

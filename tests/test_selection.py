@@ -304,6 +304,8 @@ def test_segment_columns_as_features_of_the_global_model(selected, tmp_path):
     assert (rows.status == "trained").all() and rows.global_rmse.notna().all()
 
 
+# heavy: Ray Train on every runtime: test_large_segment_goes_through_ray_train; ~30 s
+@pytest.mark.heavy
 def test_a_large_segment_of_noise_chooses_its_baseline_through_ray_train(
         ray_on_spark, spark, tmp_path):
     rng = np.random.default_rng(4)
