@@ -25,6 +25,7 @@ from raybricks.compat import (
     validation_problems,
 )
 from raybricks.errors import ConfigError
+from raybricks.files import check_template, is_template, key_names
 from raybricks.metrics import DEFAULT_METRIC, METRICS
 
 ClusterMode = Literal["auto", "spark", "address", "local"]
@@ -104,7 +105,9 @@ FORECAST_WITHIN = 0.1
 
 
 class SourceConfig(StrictModel):
-    """Where the training rows come from: a table name or a path, and a row filter."""
+    """Where the training rows come from: a table name or a path, and a row filter. A path
+    with ``{name}`` parts reads every matching file, each file's ``name`` key cut from its
+    path (``raybricks.files``)."""
 
     table: str | None = None
     path: str | None = None
@@ -115,6 +118,8 @@ class SourceConfig(StrictModel):
     def _one_location(self) -> SourceConfig:
         if bool(self.table) == bool(self.path):
             raise ValueError("source needs exactly one of source.table or source.path")
+        if is_template(self.path):
+            check_template(str(self.path), self.format)
         return self
 
 
@@ -486,6 +491,9 @@ class JobConfig(StrictModel):
                 raise ValueError(f"segment columns {sorted(keys)} are listed among features")
         if self.target in self.segment_by:
             raise ValueError(f"target {self.target!r} is also a segment column")
+        if is_template(self.source.path) and self.target in key_names(str(self.source.path)):
+            raise ValueError(f"target {self.target!r} is a {{key}} of source.path: the target "
+                             "is a column of the files")
         if self.validation.method == "time" and not self.time_column:
             raise ValueError("validation.method=time needs time_column")
         names = [m.name for m in self.models]

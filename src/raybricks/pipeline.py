@@ -23,10 +23,11 @@ from raybricks.config import JobConfig
 from raybricks.console import stage
 from raybricks.data import count_segments, no_rows, select_and_filter, to_ray_dataset
 from raybricks.errors import ConfigError, DataError, RaybricksError, SourceNotFound
+from raybricks.files import SegmentFiles, is_template
 from raybricks.kinds.forecasting import ForecastSpec
 from raybricks.results import release_memory
 from raybricks.session import require_spark_context
-from raybricks.sources import read_source
+from raybricks.sources import read_source, segment_files
 from raybricks.training import TrainingResult, train_segments
 from raybricks.training.engine import with_run_id
 from raybricks.training.tasks import make_plan, task_of
@@ -262,32 +263,51 @@ def train(
             check_job(config, register=register)
             spark = spark or spark_session(config.spark)
             require_spark_context(spark, "training")  # before it reads or starts Ray
-            df, num_rows = checked_source(config, read_source(config.source, spark))
-        # the source's distinct segments, counted by Spark while Ray converts and trains
-        counting = ThreadPoolExecutor(1, thread_name_prefix="raybricks-accounting")
-        source_segments = counting.submit(count_segments, df, config.segment_by)
-        counting.shutdown(wait=False)
-        with ray_cluster(config.cluster, spark, timings):
-            with stage("data", timings, "data: the source as Ray blocks by segment"):
-                segmented = to_ray_dataset(
-                    df, config.segment_by,
-                    strategy=config.data.strategy, max_block_rows=config.data.max_block_rows,
-                    staging_dir=config.data.staging_dir, num_rows=num_rows,
-                )
-            try:
-                with stage("training", timings, f"training (run {config.training.run_id})"):
-                    result = train_segments(segmented, config)
-            finally:  # the staged files, kept for rebuilding lost blocks, are not needed
-                segmented.release()
-            del segmented  # its index of every segment: the results are on disk now
-        release_memory()
-        with stage("accounting", timings, "accounting: one result per source segment"):
-            accounting = reconcile(result, source_segments.result())
+            files = segment_files(config.source, spark) if is_template(config.source.path) \
+                else None
+            df, num_rows = checked_source(
+                config, files.frame if files else read_source(config.source, spark))
+        try:
+            result, accounting = _train_source(config, spark, df, num_rows, files, timings)
+        finally:
+            if files:
+                files.release()
         publication = None
         if register:
             with stage("registry", timings, "registry: MLflow run and model version"):
                 publication = publish(result, config, timings, accounting)
     return TrainingReport(result, publication, timings, accounting)
+
+
+def _train_source(config: JobConfig, spark: SparkSession, df: DataFrame, num_rows: int,
+                  files: SegmentFiles | None, timings: dict[str, float]
+                  ) -> tuple[TrainingResult, dict[str, int]]:
+    """Ray up, the source as Ray blocks, every segment trained, the result reconciled
+    with the source's segments (a path template's keys whose files gave no rows are
+    skipped segments)."""
+    # the source's distinct segments, counted by Spark while Ray converts and trains
+    counting = ThreadPoolExecutor(1, thread_name_prefix="raybricks-accounting")
+    source_segments = counting.submit(count_segments, df, config.segment_by)
+    absent = counting.submit(files.absent_segments, config.segment_by) if files else None
+    counting.shutdown(wait=False)
+    with ray_cluster(config.cluster, spark, timings):
+        with stage("data", timings, "data: the source as Ray blocks by segment"):
+            segmented = to_ray_dataset(
+                df, config.segment_by,
+                strategy=config.data.strategy, max_block_rows=config.data.max_block_rows,
+                staging_dir=config.data.staging_dir, num_rows=num_rows,
+            )
+        try:
+            empty = absent.result() if absent else []
+            with stage("training", timings, f"training (run {config.training.run_id})"):
+                result = train_segments(segmented, config, absent=empty)
+        finally:  # the staged files, kept for rebuilding lost blocks, are not needed
+            segmented.release()
+        del segmented  # its index of every segment: the results are on disk now
+    release_memory()
+    with stage("accounting", timings, "accounting: one result per source segment"):
+        accounting = reconcile(result, source_segments.result() + len(empty))
+    return result, accounting
 
 
 def publish(result: TrainingResult, config: JobConfig, timings: dict[str, float] | None = None,

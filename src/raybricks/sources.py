@@ -1,7 +1,8 @@
 """Reading a source, for training and for scoring: the one place that does it.
 
 A source is a Spark DataFrame (used as given), a table name (``catalog.schema.table``)
-or a ``SourceConfig`` (a table, or files at a path: Parquet, CSV with a header, Delta).
+or a ``SourceConfig`` (a table, or files at a path: Parquet, CSV with a header, Delta; or
+files whose paths hold the segment keys, ``.../zip={zip}/*.csv``: ``raybricks.files``).
 ``source_of`` turns the name-or-path of the command line (``raybricks score``) into a
 ``SourceConfig`` by its look: a ``/`` or a ``.parquet`` / ``.csv`` suffix makes a path.
 """
@@ -12,15 +13,19 @@ from typing import TYPE_CHECKING
 
 from raybricks.config import SourceConfig
 from raybricks.errors import DataError, SourceNotFound
+from raybricks.files import SegmentFiles, is_template
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 
 def source_of(name_or_path: str) -> SourceConfig:
-    """A path (a ``/`` or a file suffix; CSV for ``.csv``, else Parquet) or a table."""
-    if "/" in name_or_path or name_or_path.endswith((".parquet", ".csv")):
-        fmt = "csv" if name_or_path.rstrip("/").endswith(".csv") else "parquet"
+    """A path (a ``/``, a ``{key}`` or a file suffix; CSV where the last part of the path
+    holds ``.csv``, else Parquet) or a table."""
+    if ("/" in name_or_path or is_template(name_or_path)
+            or name_or_path.endswith((".parquet", ".csv"))):
+        last = name_or_path.rstrip("/").rsplit("/", 1)[-1]
+        fmt = "csv" if ".csv" in last else "parquet"
         return SourceConfig(path=name_or_path, format=fmt)
     return SourceConfig(table=name_or_path)
 
@@ -55,15 +60,27 @@ def _read_table(name: str, spark: SparkSession | None) -> DataFrame:
         ) from exc
 
 
-def _read_files(source: SourceConfig, spark: SparkSession | None) -> DataFrame:
-    from pyspark.errors import AnalysisException
+def segment_files(source: SourceConfig, spark: SparkSession | None) -> SegmentFiles:
+    """The files of a path template (``source.path`` with ``{key}`` parts), read."""
+    return SegmentFiles(_spark_for(source, spark), str(source.path), source.format)
 
+
+def _spark_for(source: SourceConfig, spark: SparkSession | None) -> SparkSession:
     spark = spark or _active_spark()
     if spark is None:
         raise DataError(
             f"cannot read {source.format} at source.path={source.path!r}: "
             "no active SparkSession"
         )
+    return spark
+
+
+def _read_files(source: SourceConfig, spark: SparkSession | None) -> DataFrame:
+    from pyspark.errors import AnalysisException
+
+    if is_template(source.path):
+        return segment_files(source, spark).frame
+    spark = _spark_for(source, spark)
     reader = spark.read.format(source.format)
     if source.format == "csv":
         reader = reader.option("header", "true").option("inferSchema", "true")

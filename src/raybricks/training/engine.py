@@ -34,7 +34,7 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -50,6 +50,7 @@ from raybricks.data import BlockSegments, SegmentedDataset, segment_bounds
 from raybricks.errors import ConfigError, DataLostError
 from raybricks.results import (
     FAILED,
+    SKIPPED,
     TRAINED,
     Outcome,
     TrainingResult,
@@ -300,9 +301,12 @@ def with_run_id(config: JobConfig) -> JobConfig:
 
 
 def train_segments(
-    segmented: SegmentedDataset, config: JobConfig, *, progress: bool | None = None
+    segmented: SegmentedDataset, config: JobConfig, *, progress: bool | None = None,
+    absent: Sequence[tuple[tuple, str]] = (),
 ) -> TrainingResult:
-    """Train every segment of a segment-aligned dataset as the job config says."""
+    """Train every segment of a segment-aligned dataset as the job config says.
+    ``absent``: segments of the source without rows (files that gave none), recorded as
+    skipped with their reason."""
     import ray
 
     start = time.perf_counter()
@@ -320,6 +324,9 @@ def train_segments(
     shared = task.share(refs, task.plan(config, segmented.schema, threads), config,
                         segmented.num_rows)
     plan = shared.plan
+    if absent:
+        skipped = [SegmentResult(key, status=SKIPPED, reason=why) for key, why in absent]
+        Outcome.of(results_table(skipped, plan), pa.table({})).write(run_dir, "part-absent")
     previous = read_parts(run_dir / "results", plan.segment_by) if config.training.resume \
         else pa.table({})
     bounds = segmented.segments

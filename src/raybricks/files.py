@@ -1,0 +1,367 @@
+"""Files as segments: a folder of CSV or Parquet files whose paths hold the segment keys.
+
+``source.path`` is then a template: ``{name}`` marks the part of a file's path that is the
+key column ``name`` (``/Volumes/main/sales/raw/zip={zip}/*.csv``,
+``dbfs:/sales/{store}/{item}.csv``, ``s3://bucket/sku/{sku}.parquet``), ``*`` a part that
+is not. Spark reads every file the template's glob matches, with its file metadata column
+(``_metadata.file_path``), and each row's keys are cut from its file's path: a million files
+are one Spark job, never a loop over files on the driver.
+
+CSV files are matched by the column names of their own header, so files may order their
+columns differently (or lack some: those are null); the column types are then inferred as
+Spark's CSV reader does (integer, long, double, boolean, date, timestamp, else string).
+Parquet files are merged by name (``mergeSchema``). A file that gives no rows (empty, only a
+header, unreadable) never fails the job and is never lost: ``unread`` finds it against
+Spark's own listing of the files, with the reason, and a key none of whose files gave a row
+becomes a skipped segment (``absent_segments``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import logging
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from raybricks.errors import DataError, SourceNotFound
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame, SparkSession
+
+log = logging.getLogger(__name__)
+
+#: ``{name}`` in a path template: a segment key column cut from the file's path
+PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
+#: the file path column while reading (dropped from what training sees)
+FILE = "__raybricks_file"
+#: files that give no rows, whose size and header are looked up one by one (past this,
+#: the reason is the general one)
+LOOKUPS = 1000
+#: the inferred types of CSV columns, tried in this order (as Spark's CSV inference)
+CSV_TYPES = ("int", "bigint", "double", "boolean", "date", "timestamp")
+
+
+def is_template(path: str | None) -> bool:
+    """Whether a source path names key columns (``{name}``)."""
+    return bool(path and PLACEHOLDER.search(path))
+
+
+def key_names(path: str) -> list[str]:
+    """The key columns a template names, in order."""
+    return PLACEHOLDER.findall(path)
+
+
+def check_template(path: str, fmt: str) -> None:
+    """Refuse a template that cannot be read: a repeated name, a key outside the file
+    name's directory parts, or a format other than CSV and Parquet."""
+    names = key_names(path)
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise ValueError(f"source.path names {repeated} more than once: each {{name}} is one "
+                         "key column")
+    if fmt not in ("csv", "parquet"):
+        raise ValueError(f"source.path with {{name}} keys reads csv or parquet files, not "
+                         f"{fmt}: set source.format to csv or parquet")
+    if re.search(r"\{[^}]*,", path):
+        raise ValueError("source.path: {a,b} alternatives are not supported with {name} keys; "
+                         "use * and a source.where on the key instead")
+
+
+def glob_of(path: str) -> str:
+    """The template as a glob: every ``{name}`` is ``*``."""
+    return PLACEHOLDER.sub("*", path)
+
+
+def path_regex(path: str) -> str:
+    """A regex matching the end of a (decoded) file path; group i is the i-th key."""
+    parts = []
+    for piece in re.split(r"(\{[A-Za-z_][A-Za-z0-9_]*\}|\*|\?)", path):
+        if PLACEHOLDER.fullmatch(piece or ""):
+            parts.append("([^/]+)")
+        elif piece == "*":
+            parts.append("[^/]*")
+        elif piece == "?":
+            parts.append("[^/]")
+        else:
+            parts.append(re.escape(piece))
+    # a path as Spark writes it may start with a scheme (file:, dbfs:): match the end
+    return "".join(parts).lstrip("/") + "$"
+
+
+def _decoded(name: str) -> Column:
+    """A file path column as Spark reports it (URL-encoded), decoded (``+`` kept)."""
+    from pyspark.sql import functions as F
+
+    return F.expr(f"url_decode(regexp_replace(`{name}`, '\\\\+', '%2B'))")
+
+
+def _comparable(column: str) -> Column:
+    """A decoded path with its scheme's slashes normalized (``file:///a`` = ``file:/a``),
+    to compare Spark's listing with its metadata column."""
+    from pyspark.sql import functions as F
+
+    return F.regexp_replace(_decoded(column), r"^([A-Za-z][A-Za-z0-9+.-]*):/+", "$1:/")
+
+
+@dataclass(frozen=True)
+class UnreadFile:
+    """A file that gave no rows, its key (when the path holds the whole segment key) and
+    why."""
+
+    path: str
+    key: tuple | None
+    reason: str
+
+
+class SegmentFiles:
+    """The files a template matches, read by Spark: ``frame`` (the key columns, then the
+    files' columns) for training and scoring, and ``unread`` for what gave no rows."""
+
+    def __init__(self, spark: SparkSession, path: str, fmt: str) -> None:
+        check_template(path, fmt)
+        self.spark, self.path, self.format = spark, path, fmt
+        self.keys = key_names(path)
+        self.regex = path_regex(path)
+        self._headers: DataFrame | None = None
+        self._strings: DataFrame | None = None
+        rows, self._listing = self._read()
+        present = {c.lower() for c in rows.columns}
+        clash = sorted(k for k in self.keys if k.lower() in present)
+        if clash:
+            raise DataError(
+                f"column(s) {clash} are in the files and also keys of source.path "
+                f"{path!r}: rename the {{name}} in the path (e.g. {{{clash[0]}_key}})")
+        self.rows = rows if self.format == "csv" else rows.persist()
+        self.frame = self.rows.select(*self.key_columns(), *[c for c in rows.columns
+                                                              if c != FILE])
+
+    def key_columns(self) -> list[Column]:
+        """The key columns cut from the file path column."""
+        from pyspark.sql import functions as F
+
+        decoded = _decoded(FILE)
+        return [F.regexp_extract(decoded, self.regex, i + 1).alias(name)
+                for i, name in enumerate(self.keys)]
+
+    def _reader(self):
+        return (self.spark.read.option("ignoreCorruptFiles", "true")
+                .option("ignoreMissingFiles", "true"))
+
+    def _read(self) -> tuple[DataFrame, DataFrame]:
+        """The rows with their file's path (``FILE``), and a frame Spark lists files of."""
+        from pyspark.errors import AnalysisException
+        from pyspark.sql import functions as F
+
+        glob = glob_of(self.path)
+        try:
+            with _listing_tasks(self.spark):
+                if self.format == "csv":
+                    lines = self._reader().text(glob)
+                else:
+                    raw = self._reader().option("mergeSchema", "true").parquet(glob)
+        except AnalysisException as exc:
+            first = str(exc).strip().splitlines()[0]
+            raise SourceNotFound(
+                f"no {self.format} files match source.path {self.path!r} (as the glob "
+                f"{glob!r}): {first}. Check the folder and the template") from exc
+        if self.format == "csv":
+            return self._csv_rows(lines), lines
+        return raw.select("*", F.col("_metadata.file_path").alias(FILE)), raw
+
+    def _csv_rows(self, text: DataFrame) -> DataFrame:
+        """CSV rows by their files' own headers: the first line of each file names its
+        columns; the rest is parsed by position and mapped to those names."""
+        from pyspark.sql import functions as F
+
+        lines = text.select(
+            F.col("value").alias("line"), F.col("_metadata.file_path").alias(FILE),
+            F.col("_metadata.file_block_start").alias("start"),
+            F.monotonically_increasing_id().alias("line_id"),
+        ).persist()
+        # a file's header is its first line (the lowest id of its first block's lines)
+        headers = (lines.where("start = 0").groupBy(FILE)
+                   .agg(F.min_by("line_id", "line_id").alias("header_id"),
+                        F.min_by("line", "line_id").alias("header"))).persist()
+        self._headers = headers
+        found = [row["header"] for row in headers.select("header").distinct().collect()]
+        if not found:
+            raise DataError(f"no file matching source.path {self.path!r} holds a line: "
+                            "every file is empty or unreadable")
+        layouts = {h: _header_names(h, self.path) for h in found}
+        names = list(dict.fromkeys(n for cols in layouts.values() for n in cols))
+        width = max(len(cols) for cols in layouts.values())
+        schema = ", ".join(f"c{i} STRING" for i in range(width))
+        data = (lines.join(headers, FILE)
+                .where((F.col("line_id") != F.col("header_id")) & (F.trim("line") != ""))
+                .select(FILE, "header", F.from_csv("line", schema).alias("cells")))
+        columns = [_by_header(name, layouts).alias(name) for name in names]
+        strings = data.select(FILE, *columns).persist()
+        types = _csv_types(strings, names)  # reads every line once, into the cache
+        lines.unpersist()
+        self._strings = strings
+        return strings.select(FILE, *[F.col(n).cast(t).alias(n) for n, t in types.items()])
+
+    def unread(self) -> list[UnreadFile]:
+        """The files that gave no rows, with the reason (one Spark job over the listing
+        and the rows; the sizes of those files looked up, up to ``LOOKUPS``)."""
+        from pyspark.sql import functions as F
+
+        listing = _listing(self.spark, self._listing).select(_comparable("path").alias("p"))
+        read = self.rows.select(_comparable(FILE).alias("p")).distinct()
+        missing = [r["p"] for r in listing.join(read, "p", "left_anti").collect()]
+        if not missing:
+            return []
+        with_header = set()
+        if self._headers is not None:
+            found = (self._headers.select(_comparable(FILE).alias("p"))
+                     .where(F.col("p").isin(missing[:LOOKUPS])).collect())
+            with_header = {r["p"] for r in found}
+        pattern = re.compile(self.regex)
+        unread = []
+        for i, path in enumerate(sorted(missing)):
+            match = pattern.search(path)
+            key = match.groups() if match else None
+            size = self._size(path) if i < LOOKUPS else None
+            unread.append(UnreadFile(path, key, self._reason(path, size, with_header)))
+        return unread
+
+    def _reason(self, path: str, size: int | None, with_header: set[str]) -> str:
+        if size == 0:
+            return f"empty file: {path}"
+        if path in with_header:
+            return f"only a header, no rows: {path}"
+        if size is None:
+            return f"no rows read from {path}"
+        holds_none = ", holds no rows," if self.format == "parquet" else ""
+        return (f"no rows could be read from {path} ({size} bytes): it{holds_none} is not "
+                f"readable as {self.format} (corrupt, truncated or wrongly compressed; "
+                "Spark's log names the error)")
+
+    def _size(self, path: str) -> int | None:
+        """A file's size by Hadoop's file system (as Spark reaches it), or None."""
+        try:
+            jvm = self.spark._jvm
+            hadoop_path = jvm.org.apache.hadoop.fs.Path(path)
+            conf = self.spark._jsc.hadoopConfiguration()
+            return int(hadoop_path.getFileSystem(conf).getFileStatus(hadoop_path).getLen())
+        except Exception:  # noqa: BLE001 - the size only words the reason
+            return None
+
+    def absent_segments(self, segment_by: list[str]) -> list[tuple[tuple, str]]:
+        """The segments none of whose files gave a row, with the reason: only where the
+        path holds the whole segment key (else an unread file's segment is unknown)."""
+        unread = self.unread()
+        if unread:
+            shown = "; ".join(u.reason for u in unread[:5])
+            log.warning("%d file(s) of source.path gave no rows: %s%s", len(unread), shown,
+                        " ..." if len(unread) > 5 else "")
+        if not unread or not set(segment_by) <= set(self.keys):
+            return []
+        order = [self.keys.index(name) for name in segment_by]
+        by_key: dict[tuple, list[str]] = {}
+        for u in unread:
+            if u.key is not None:
+                by_key.setdefault(tuple(u.key[i] for i in order), []).append(u.reason)
+        present = set()
+        if by_key:
+            wanted = self.spark.createDataFrame(list(by_key), segment_by)
+            present = {tuple(r) for r in self.frame.select(*segment_by).distinct()
+                       .join(wanted, segment_by).collect()}
+        return [(key, _absent_reason(reasons)) for key, reasons in sorted(by_key.items())
+                if key not in present]
+
+    def release(self) -> None:
+        """Free the cached rows (after the data went to Ray)."""
+        for frame in (self.rows, self._strings, self._headers):
+            if frame is not None:
+                frame.unpersist()
+
+
+def _absent_reason(reasons: list[str]) -> str:
+    if len(reasons) == 1:
+        return reasons[0]
+    return f"no rows in any of its {len(reasons)} files: {'; '.join(reasons[:3])}"
+
+
+def _header_names(header: str, path: str) -> list[str]:
+    """A CSV header's column names (quoted as CSV, a byte-order mark dropped)."""
+    names = [n.strip() for n in next(csv.reader([header.lstrip("\ufeff")]))]
+    if not all(names) or len(set(names)) != len(names):
+        raise DataError(f"a file of source.path {path!r} has the header {header!r}, with an "
+                        "empty or repeated column name: every CSV file needs a header of "
+                        "distinct names")
+    return names
+
+
+def _by_header(name: str, layouts: dict[str, list[str]]) -> Column:
+    """The column ``name`` of a row, from the position its file's header gives it."""
+    from pyspark.sql import functions as F
+
+    having = [(h, cols.index(name)) for h, cols in layouts.items() if name in cols]
+    if len(having) == len(layouts) and len({i for _, i in having}) == 1:
+        return F.col(f"cells.c{having[0][1]}")
+    column = None
+    for header, index in having:
+        column = (F.when if column is None else column.when)(
+            F.col("header") == header, F.col(f"cells.c{index}"))
+    return column
+
+
+def _csv_types(strings: DataFrame, names: list[str]) -> dict[str, str]:
+    """The type of each CSV column: the first of ``CSV_TYPES`` every value converts to
+    (a date without a time part), else string (one Spark job)."""
+    from pyspark.sql import functions as F
+
+    def converts(name: str, kind: str) -> Column:
+        value = F.col(f"`{name}`")
+        if kind == "boolean":
+            return F.count(F.when(F.lower(value).isin("true", "false"), 1))
+        cast = F.expr(f"try_cast(`{name}` as {kind})")
+        if kind == "date":
+            cast = F.when(F.length(F.trim(value)) <= 10, cast)
+        return F.count(cast)
+
+    aggregates = [F.count(F.col(f"`{n}`")).alias(f"{i}:n") for i, n in enumerate(names)]
+    aggregates += [converts(n, kind).alias(f"{i}:{kind}") for i, n in enumerate(names)
+                   for kind in CSV_TYPES]
+    counts = strings.agg(*aggregates).first().asDict()
+    types = {}
+    for i, name in enumerate(names):
+        n = counts[f"{i}:n"]
+        types[name] = next((k for k in CSV_TYPES if n and counts[f"{i}:{k}"] == n), "string")
+    return types
+
+
+@contextlib.contextmanager
+def _listing_tasks(spark: SparkSession) -> Iterator[None]:
+    """Spark lists a glob's many folders in a job of up to 10,000 tasks of a few folders
+    each; a few per core list as fast, with far less overhead."""
+    name = "spark.sql.sources.parallelPartitionDiscovery.parallelism"
+    try:
+        cores = spark.sparkContext.defaultParallelism
+    except Exception:  # noqa: BLE001 - Spark Connect: no context; its server's default
+        yield
+        return
+    before = spark.conf.get(name, None)
+    spark.conf.set(name, str(max(4 * cores, 8)))
+    try:
+        yield
+    finally:
+        if before is None:
+            spark.conf.unset(name)
+        else:
+            spark.conf.set(name, before)
+
+
+def _listing(spark: SparkSession, frame: DataFrame) -> DataFrame:
+    """Every file Spark's file index lists for ``frame``'s relation (empty ones too), as
+    a one-column frame ``path`` built in the JVM (never collected to the driver)."""
+    from pyspark.sql import DataFrame as SparkFrame
+
+    jvm = spark._jvm
+    paths = jvm.scala.Predef.genericWrapArray(frame._jdf.inputFiles()).toList()
+    dataset = spark._jsparkSession.createDataset(paths, jvm.org.apache.spark.sql.Encoders.STRING())
+    return SparkFrame(dataset.toDF(), spark).withColumnRenamed("value", "path")

@@ -1,0 +1,149 @@
+"""Files as segments: folders of small CSV or Parquet files whose paths hold the keys."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from raybricks.config import JobConfig
+from raybricks.errors import ConfigError
+from raybricks.files import SegmentFiles
+
+#: the files that give no rows, by key, and the start of the reason each must get
+NO_ROWS = {"empty": "empty file", "header_only": "only a header, no rows",
+           "corrupt": "no rows could be read"}
+#: what the reason of the corrupt file says, and of an empty Parquet file (no header)
+NOT_READABLE = "is not readable as"
+
+
+def zip_frame(n: int, seed: int = 0) -> pd.DataFrame:
+    """16 rows per zip code (leading zeros, a space and a plus among the codes)."""
+    rng = np.random.default_rng(seed)
+    zips = [f"{i:05d}" for i in range(n - 2)] + ["new york", "a+b"]
+    x1 = rng.normal(size=16 * n).round(4)
+    x2 = rng.integers(0, 9, 16 * n)
+    codes = np.repeat(np.arange(n), 16)
+    return pd.DataFrame({"zip": np.array(zips)[codes], "x1": x1, "x2": x2,
+                         "y": (2 * x1 + x2 + codes % 7 + rng.normal(size=16 * n)).round(4)})
+
+
+def write_zip_files(root, frame: pd.DataFrame, fmt: str) -> None:
+    """One file per zip code under ``zip=<code>/``; every third file orders its columns
+    the other way; plus an empty file, one with a header only and a corrupt one, each in
+    a folder of its own."""
+    for i, (code, rows) in enumerate(frame.groupby("zip", sort=False)):
+        folder = root / f"zip={code}"
+        folder.mkdir(parents=True)
+        rows = rows.drop(columns="zip")
+        if i % 3 == 0:
+            rows = rows[rows.columns[::-1]]
+        if fmt == "csv":
+            (folder / "part.csv").write_text(rows.to_csv(index=False))
+        else:
+            pq.write_table(pa.Table.from_pandas(rows, preserve_index=False),
+                           folder / "part.parquet")
+    for code in NO_ROWS:
+        (root / f"zip={code}").mkdir()
+    suffix = "csv" if fmt == "csv" else "parquet"
+    (root / f"zip=empty/part.{suffix}").write_bytes(b"")
+    corrupt = b"\x1f\x8b" + bytes(range(40))  # a gzip magic number, then no gzip
+    if fmt == "csv":
+        (root / "zip=header_only/part.csv").write_text("y,x1,x2\n")
+        (root / "zip=corrupt/part.csv.gz").write_bytes(corrupt)
+    else:
+        pq.write_table(pa.table({"x1": pa.array([], pa.float64())}),
+                       root / "zip=header_only/part.parquet")
+        (root / "zip=corrupt/part.parquet").write_bytes(b"PAR1 not a parquet file PAR1")
+
+
+@pytest.mark.topology
+@pytest.mark.parametrize("fmt,n", [
+    ("csv", 100), ("parquet", 100),
+    pytest.param("csv", 2000, marks=pytest.mark.heavy, id="csv-thousands"),  # ~60 s
+])
+def test_every_file_is_read_by_its_header_and_every_file_without_rows_is_named(
+        spark, tmp_path, fmt, n):
+    frame = zip_frame(n)
+    write_zip_files(tmp_path, frame, fmt)
+    files = SegmentFiles(spark, f"{tmp_path}/zip={{zip}}/*", fmt)
+    read = files.frame.toPandas()
+    assert read.columns[0] == "zip" and sorted(read.columns) == ["x1", "x2", "y", "zip"]
+    assert read.zip.nunique() == n  # leading zeros, spaces and plus signs kept
+    columns = ["zip", "x1", "x2", "y"]
+    pd.testing.assert_frame_equal(
+        read[columns].sort_values(columns).reset_index(drop=True),
+        frame[columns].sort_values(columns).reset_index(drop=True), check_dtype=False)
+    assert pd.api.types.is_float_dtype(read.x1) and pd.api.types.is_integer_dtype(read.x2)
+    unread = {u.key[0]: u.reason for u in files.unread()}
+    assert set(unread) == set(NO_ROWS)
+    assert unread["empty"].startswith(NO_ROWS["empty"])
+    assert unread["corrupt"].startswith(NO_ROWS["corrupt"]) and NOT_READABLE in unread["corrupt"]
+    if fmt == "csv":
+        assert unread["header_only"].startswith(NO_ROWS["header_only"])
+    else:  # a Parquet file without rows has no header to tell it from an unreadable one
+        assert "holds no rows" in unread["header_only"]
+    absent = dict(files.absent_segments(["zip"]))
+    assert {(k,) for k in NO_ROWS} == set(absent) and absent[("empty",)] == unread["empty"]
+    files.release()
+
+
+def test_a_path_template_is_checked_with_the_config(tmp_path):
+    base = {"segment_by": ["zip"], "target": "y",
+            "models": [{"name": "ridge", "kind": "sklearn",
+                        "estimator": "sklearn.linear_model.Ridge"}]}
+    problems = {
+        "/data/{zip}/{zip}.csv": "names ['zip'] more than once",
+        "/data/{y}/part.csv": "target 'y' is a {key} of source.path",
+        "/data/{zip}/{a,b}.csv": "{a,b} alternatives are not supported",
+    }
+    for path, message in problems.items():
+        with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("{", r"\{")):
+            JobConfig.from_dict(base | {"source": {"path": path, "format": "csv"}})
+    with pytest.raises(ConfigError, match="reads csv or parquet files, not delta"):
+        JobConfig.from_dict(base | {"source": {"path": "/d/{zip}", "format": "delta"}})
+    config = JobConfig.from_dict(base | {"source": {"path": "/d/{zip}/*.csv",
+                                                    "format": "csv"}})
+    assert config.source.path == "/d/{zip}/*.csv"
+
+
+def test_a_file_column_named_like_a_key_is_refused(spark, tmp_path):
+    from raybricks.errors import DataError
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a/part.csv").write_text("zip,y\n1,2\n")
+    with pytest.raises(DataError, match=r"\['zip'\] are in the files and also keys"):
+        SegmentFiles(spark, f"{tmp_path}/{{zip}}/part.csv", "csv")
+
+
+@pytest.mark.topology
+def test_a_folder_of_files_trains_registers_and_scores_by_key(ray_on_spark, spark, tmp_path):
+    from raybricks import score, train
+
+    frame = zip_frame(120, seed=1)
+    root = tmp_path / "zips"
+    write_zip_files(root, frame, "csv")
+    template = f"{root}/zip={{zip}}/*.csv*"
+    config = JobConfig.model_validate({
+        "source": {"path": template, "format": "csv"}, "segment_by": ["zip"],
+        "target": "y", "min_rows": 10,
+        "models": [{"name": "ridge", "kind": "sklearn",
+                    "estimator": "sklearn.linear_model.Ridge"}],
+        "registry": {"name": "tests.files.zips", "promote": "always"},
+        "training": {"output_dir": str(tmp_path / "runs"), "progress": False}})
+    report = train(config, spark)
+    assert report.accounting["source_segments"] == 120 + len(NO_ROWS)
+    assert report.result.counts() == {"trained": 120, "skipped": len(NO_ROWS), "failed": 0}
+    rows = report.result.segments.set_index("zip")
+    for code, reason in NO_ROWS.items():
+        assert rows.loc[code, "status"] == "skipped"
+        assert rows.loc[code, "reason"].startswith(reason)
+    # scoring reads the same template: every row scored by its own zip code's model
+    summary = score("models:/tests.files.zips@champion", template,
+                    str(tmp_path / "scored.parquet"), spark=spark)
+    assert summary.rows == len(frame) and summary.null_predictions == 0
+    assert summary.status_counts == {"trained": len(frame)}
+    scored = pd.read_parquet(tmp_path / "scored.parquet")
+    assert sorted(scored.zip.unique()) == sorted(frame.zip.unique())
