@@ -267,7 +267,7 @@ def train(
         counting = ThreadPoolExecutor(1, thread_name_prefix="raybricks-accounting")
         source_segments = counting.submit(count_segments, df, config.segment_by)
         counting.shutdown(wait=False)
-        with ray_cluster(config.cluster, spark, timings):
+        with ray_cluster(config.cluster, spark, timings, config.gpu_candidates()):
             with stage("data", timings, "data: the source as Ray blocks by segment"):
                 segmented = to_ray_dataset(
                     df, config.segment_by,
