@@ -66,9 +66,10 @@ GPU_JOB = """
 def run(code: str, tmp_path, **env: str) -> subprocess.CompletedProcess:
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     path = os.pathsep.join(p for p in [root, os.environ.get("PYTHONPATH", "")] if p)
+    inherited = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # its own Ray
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code), str(tmp_path)],
                           capture_output=True, text=True, timeout=600, cwd=root,
-                          env=os.environ | {"PYTHONPATH": path, "RAY_AUTH_MODE": "disabled"} | env)
+                          env=inherited | {"PYTHONPATH": path, "RAY_AUTH_MODE": "disabled"} | env)
 
 
 @pytest.fixture(scope="module")
@@ -196,7 +197,7 @@ REFUSALS = """
             pass
     except ClusterError as exc:
         print("LOCAL", ray.is_initialized(), exc)
-    ray.init(num_cpus=1, include_dashboard=False)
+    ray.init(address="local", num_cpus=1, include_dashboard=False)
     try:
         with ray_cluster(ClusterConfig(mode="auto"), gpus={"gpu": 1}):
             pass
