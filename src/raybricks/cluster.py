@@ -61,6 +61,10 @@ class SparkCapacity:
     task_cpus: int
     #: Fewest workers of an autoscaling cluster (None: fixed size); Ray then autoscales too.
     min_workers: int | None = None
+    #: GPUs of a worker's executor (``spark.executor.resource.gpu.amount``) and of each of
+    #: Spark's own tasks (``spark.task.resource.gpu.amount``).
+    gpus_per_worker: int = 0
+    task_gpus: float = 0.0
 
     @property
     def total_slots(self) -> int:
@@ -235,7 +239,18 @@ def spark_capacity(spark: SparkSession, wait: float = EXECUTOR_WAIT_S) -> SparkC
         count = max(to_wait or 1, 1)
         cores = conf_int(conf, "spark.executor.cores") or max(sc.defaultParallelism // count, 1)
     return SparkCapacity(False, max(high or 0, count), max(cores // task_cpus, 1), cores,
-                         task_cpus, min_workers=low if high else None)
+                         task_cpus, min_workers=low if high else None,
+                         **spark_gpus(conf))
+
+
+def spark_gpus(conf: Any) -> dict[str, Any]:
+    """The GPUs Spark's confs give an executor and each task (0 when unset)."""
+    try:
+        task = float(conf.get("spark.task.resource.gpu.amount", "0") or 0)
+    except ValueError:
+        task = 0.0
+    return {"gpus_per_worker": conf_int(conf, "spark.executor.resource.gpu.amount") or 0,
+            "task_gpus": task}
 
 
 def cluster_capacity(spark: SparkSession) -> SparkCapacity:
@@ -259,20 +274,58 @@ def capacity_from_cluster_spec(measured: SparkCapacity, sizing: ClusterSizing) -
         cores_per_worker=sizing.cores_per_worker,
         task_cpus=measured.task_cpus,
         min_workers=sizing.min_workers if sizing.autoscaling else None,
+        gpus_per_worker=measured.gpus_per_worker,
+        task_gpus=measured.task_gpus,
     )
 
 
-def spark_slots_left(capacity: SparkCapacity, cpus: int, nodes: int) -> int:
-    """Spark's task slots left while ``nodes`` Ray worker nodes of ``cpus`` CPUs hold
-    theirs, placed as tightly as Spark may place them (filling one worker, then the next)."""
+def spark_slots_left(capacity: SparkCapacity, cpus: int, nodes: int, gpus: int = 0) -> int:
+    """Spark's task slots left while ``nodes`` Ray worker nodes of ``cpus`` CPUs (and
+    ``gpus`` GPUs) hold theirs, placed as tightly as Spark may place them (filling one
+    worker, then the next). Where Spark's tasks need GPUs, a slot needs them free too."""
     cores, task = capacity.cores_per_worker, capacity.task_cpus
     per_worker = max(cores // cpus, 1)
     full, rest = divmod(nodes, per_worker)
     if full + (1 if rest else 0) > capacity.workers:
         return 0
+
+    def slots(ray_nodes: int) -> int:
+        """Spark's slots on a worker that holds this many Ray worker nodes."""
+        free = (cores - ray_nodes * cpus) // task
+        if capacity.task_gpus > 0:
+            gpus_left = capacity.gpus_per_worker - ray_nodes * gpus
+            free = min(free, int(gpus_left // capacity.task_gpus))
+        return max(free, 0)
+
     untouched = capacity.workers - full - (1 if rest else 0)
-    return (untouched * (cores // task) + full * ((cores - per_worker * cpus) // task)
-            + ((cores - rest * cpus) // task if rest else 0))
+    return untouched * slots(0) + full * slots(per_worker) + (slots(rest) if rest else 0)
+
+
+def ray_gpus(config: ClusterConfig, capacity: SparkCapacity, cpus: int, nodes: int) -> int:
+    """GPUs per Ray worker node: ``cluster.num_gpus_worker_node``, else a Spark worker's
+    GPUs (``spark.executor.resource.gpu.amount``) shared by the Ray worker nodes on it,
+    less what Spark's own tasks need to keep a slot (``spark.task.resource.gpu.amount``
+    above 0: one task's GPUs stay with Spark)."""
+    have = capacity.gpus_per_worker
+    per_worker = max(capacity.cores_per_worker // cpus, 1)
+    if config.num_gpus_worker_node is not None:
+        gpus = config.num_gpus_worker_node
+        if gpus and have and gpus * min(per_worker, nodes) > have:
+            raise ClusterError(
+                f"cluster.num_gpus_worker_node={gpus} is more than a Spark worker's GPUs "
+                f"(spark.executor.resource.gpu.amount={have}) for its Ray worker node(s): "
+                "lower it, or leave it unset to use the workers' GPUs")
+        if gpus and spark_slots_left(capacity, cpus, nodes, gpus) < 1:
+            raise ClusterError(
+                f"cluster.num_gpus_worker_node={gpus} takes the GPUs Spark's own tasks need "
+                f"(spark.task.resource.gpu.amount={capacity.task_gpus:g} of the workers' "
+                f"{have}), so Spark could not read or stage the data while Ray runs: set "
+                "spark.task.resource.gpu.amount 0 in the cluster's Spark config, or lower it")
+        return gpus
+    gpus = have // min(per_worker, max(nodes, 1))
+    while gpus > 0 and spark_slots_left(capacity, cpus, nodes, gpus) < 1:
+        gpus -= 1
+    return gpus
 
 
 def ray_share(config: ClusterConfig, capacity: SparkCapacity) -> tuple[int, int]:
@@ -350,7 +403,7 @@ def ray_on_spark_arguments(config: ClusterConfig, capacity: SparkCapacity) -> di
     else:
         cpus, max_nodes = ray_share(config, capacity)
         args["num_cpus_worker_node"] = cpus
-        args["num_gpus_worker_node"] = config.num_gpus_worker_node or 0
+        args["num_gpus_worker_node"] = ray_gpus(config, capacity, cpus, max_nodes)
         if config.num_cpus_head_node is not None:
             args["num_cpus_head_node"] = config.num_cpus_head_node
         if config.min_worker_nodes is None and capacity.min_workers is not None:
@@ -374,6 +427,33 @@ def ray_on_spark_arguments(config: ClusterConfig, capacity: SparkCapacity) -> di
         if cap is not None:
             args["object_store_memory_head_node"] = min(cap, 2 * 1024**3)
     return args
+
+
+def require_gpus(gpus: dict[str, float], node_gpus: float, where: str) -> None:
+    """Refuse a job whose candidates ask for more GPUs per task (``gpus``: candidate ->
+    ``resources.num_gpus``) than a Ray node has (``node_gpus``: the most of any node)."""
+    if not gpus or max(gpus.values()) <= node_gpus:
+        return
+    asked = ", ".join(f"{name}: {amount:g}" for name, amount in gpus.items())
+    raise ClusterError(
+        f"candidate(s) ask for GPUs (resources.num_gpus: {asked}) but {where} has "
+        f"{node_gpus:g} GPU(s) per node, so their tasks would wait forever. Run on a GPU "
+        "cluster (a GPU node type: Databricks sets spark.executor.resource.gpu.amount, "
+        "which raybricks gives Ray), set cluster.num_gpus_worker_node (or "
+        "num_gpus_head_node), or drop resources.num_gpus from those candidates")
+
+
+def planned_gpus(args: dict[str, Any]) -> float:
+    """The most GPUs a Ray node started with ``setup_ray_cluster(**args)`` will have."""
+    return max(args.get("num_gpus_worker_node") or 0, args.get("num_gpus_head_node") or 0)
+
+
+def ray_node_gpus() -> float:
+    """The most GPUs any live node of the connected Ray has."""
+    import ray
+
+    return max((node["Resources"].get("GPU", 0) for node in ray.nodes() if node["Alive"]),
+               default=0)
 
 
 def resolve_mode(config: ClusterConfig) -> str:
@@ -412,22 +492,44 @@ def _attach_if_connected(config: ClusterConfig) -> RayCluster | None:
 
 
 def start_ray(
-    config: ClusterConfig | None = None, spark: SparkSession | None = None
+    config: ClusterConfig | None = None, spark: SparkSession | None = None,
+    gpus: dict[str, float] | None = None,
 ) -> RayCluster:
-    """Start or connect to Ray as ``config`` says and connect this driver to it."""
+    """Start or connect to Ray as ``config`` says and connect this driver to it.
+    ``gpus``: the GPUs a task of each GPU candidate asks for; a Ray without them is
+    refused (before it starts where the config or Spark's confs say so)."""
     config = config or ClusterConfig()
+    gpus = gpus or {}
     attached = _attach_if_connected(config)
-    if attached is not None:
-        return attached
-    mode = resolve_mode(config)
-    disable_ray_token_auth()
-    _refuse_if_ray_running()
-    runtime_env = {"env_vars": forwarded_env(config.forward_env)}
-    if mode == "address":
-        return _connect(config.address or os.environ["RAY_ADDRESS"], runtime_env)
-    if mode == "local":
-        return _start_local(config, runtime_env)
-    return _start_on_spark(config, spark, runtime_env)
+    if attached is None:
+        mode = resolve_mode(config)
+        disable_ray_token_auth()
+        _refuse_if_ray_running()
+        runtime_env = {"env_vars": forwarded_env(config.forward_env)}
+        if mode == "address":
+            cluster = _connect(config.address or os.environ["RAY_ADDRESS"], runtime_env)
+        elif mode == "local":
+            require_gpus(gpus, config.num_gpus_head_node or 0,
+                         "a local Ray (cluster.num_gpus_head_node)")
+            cluster = _start_local(config, runtime_env)
+        else:
+            cluster = _start_on_spark(config, spark, runtime_env, gpus)
+    else:
+        cluster = attached
+    if gpus and not autoscales(cluster):  # an autoscaling Ray adds its GPU nodes on demand
+        try:
+            require_gpus(gpus, ray_node_gpus(), f"the Ray cluster at {cluster.address}")
+        except ClusterError:
+            stop_ray(cluster)
+            raise
+    return cluster
+
+
+def autoscales(cluster: RayCluster) -> bool:
+    """Whether Ray on Spark was started to scale between fewer and more worker nodes."""
+    low = cluster.settings.get("min_worker_nodes")
+    return cluster.mode == "spark" and low is not None and low < cluster.settings.get(
+        "max_worker_nodes", low)
 
 
 def _connect(address: str, runtime_env: dict[str, Any]) -> RayCluster:
@@ -447,6 +549,8 @@ def _start_local(config: ClusterConfig, runtime_env: dict[str, Any]) -> RayClust
     import ray
 
     settings: dict[str, Any] = {"num_cpus": config.num_cpus or os.cpu_count() or 1}
+    if config.num_gpus_head_node is not None:
+        settings["num_gpus"] = config.num_gpus_head_node
     store = config.object_store_memory_head_node or shm_object_store_cap()
     if store:
         settings["object_store_memory"] = int(min(store, 2 * 1024**3))
@@ -464,7 +568,8 @@ def _start_local(config: ClusterConfig, runtime_env: dict[str, Any]) -> RayClust
 
 
 def _start_on_spark(
-    config: ClusterConfig, spark: SparkSession | None, runtime_env: dict[str, Any]
+    config: ClusterConfig, spark: SparkSession | None, runtime_env: dict[str, Any],
+    gpus: dict[str, float],
 ) -> RayCluster:
     import ray
     from ray.util.spark import setup_ray_cluster, shutdown_ray_cluster
@@ -479,6 +584,10 @@ def _start_on_spark(
         )
     capacity = cluster_capacity(spark)
     args = ray_on_spark_arguments(config, capacity)
+    require_gpus(gpus, planned_gpus(args),
+                 f"Ray on this Spark cluster (spark.executor.resource.gpu.amount="
+                 f"{capacity.gpus_per_worker}, spark.task.resource.gpu.amount="
+                 f"{capacity.task_gpus:g}; Spark keeps one task's GPUs)")
     _check_executor_environment(spark)
     log.info("starting Ray on Spark with %s (Spark: %s)", args, capacity)
     try:
@@ -663,10 +772,10 @@ def stop_ray(cluster: RayCluster | None) -> None:
 @contextlib.contextmanager
 def ray_cluster(
     config: ClusterConfig | None = None, spark: SparkSession | None = None,
-    timings: dict[str, float] | None = None,
+    timings: dict[str, float] | None = None, gpus: dict[str, float] | None = None,
 ) -> Iterator[RayCluster]:
     """Start (or connect to) Ray for the block and always shut it down afterwards (a
-    stage, ``cluster`` in ``timings``).
+    stage, ``cluster`` in ``timings``; ``gpus``: as ``start_ray``).
 
     >>> with ray_cluster(ClusterConfig(mode="local", num_cpus=2)) as cluster:
     ...     cluster.num_cpus
@@ -682,7 +791,7 @@ def ray_cluster(
         try:
             with (stage("cluster", timings, "Ray: start (on Spark) or connect"),
                   ray_on_spark_output_logged(started), sigterm_kept_by_ray_init(install_again)):
-                cluster = start_ray(config, spark)
+                cluster = start_ray(config, spark, gpus)
             yield cluster
         finally:
             stop_ray(cluster)

@@ -435,6 +435,10 @@ class JobConfig(StrictModel):
     registry: RegistryConfig = Field(default_factory=RegistryConfig)
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
 
+    def gpu_candidates(self) -> dict[str, float]:
+        """The GPUs a fitting task of each candidate that asks for some holds."""
+        return {c.name: c.resources.num_gpus for c in self.models if c.resources.num_gpus > 0}
+
     @before_model
     def _forecast_defaults(cls, data: object) -> object:
         """Task forecast ranks the local candidates only unless told otherwise: the naive

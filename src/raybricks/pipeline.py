@@ -290,7 +290,7 @@ def _train_source(config: JobConfig, spark: SparkSession, df: DataFrame, num_row
     source_segments = counting.submit(count_segments, df, config.segment_by)
     absent = counting.submit(files.absent_segments, config.segment_by) if files else None
     counting.shutdown(wait=False)
-    with ray_cluster(config.cluster, spark, timings):
+    with ray_cluster(config.cluster, spark, timings, config.gpu_candidates()):
         with stage("data", timings, "data: the source as Ray blocks by segment"):
             segmented = to_ray_dataset(
                 df, config.segment_by,

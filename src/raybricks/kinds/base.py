@@ -301,6 +301,13 @@ class ModelKind(StoredKind):
         (values, or class codes 0..k-1), with ``threads`` threads."""
         raise NotImplementedError(f"kind {self.name!r} does not implement fit")
 
+    def device_params(self, device: str) -> dict[str, Any]:
+        """The parameters that make the library fit on ``device`` (``"cuda"``), added
+        under the candidate's own params to every fit made in a Ray task that holds the
+        candidate's GPUs (``resources.num_gpus``), and only there. The stored model must
+        still load and predict on a CPU-only host. Default ``{}``: fits on the CPU."""
+        return {}
+
     def predict(self, model: Any, X: Any, task: str) -> np.ndarray:
         """A fitted model's values, or (n, k) class probabilities, for ``X``."""
         if task in CLASSIFICATION:

@@ -58,6 +58,9 @@ class CatBoostKind(ModelKind):
         categorical = [c for c in meta.get("categorical", {}) if c in X.columns]
         return model_class(**(base | params)).fit(X, y, cat_features=categorical or None)
 
+    def device_params(self, device: str) -> dict[str, Any]:
+        return {"task_type": "GPU"}
+
     def serialize(self, model) -> bytes:
         with tempfile.TemporaryDirectory() as directory:
             path = os.path.join(directory, "model.cbm")

@@ -41,6 +41,10 @@ class LightGBMKind(ModelKind):
         cls = lgb.LGBMClassifier if task in CLASSIFICATION else lgb.LGBMRegressor
         return cls(**(base | params)).fit(X, y)
 
+    def device_params(self, device: str) -> dict[str, Any]:
+        # PyPI's wheels are built with the OpenCL tree learner ("gpu"), not CUDA's
+        return {"device_type": "gpu"}
+
     def serialize(self, model) -> bytes:
         return model.booster_.model_to_string().encode()
 

@@ -47,7 +47,12 @@ class XGBoostKind(ModelKind):
         cls = xgb.XGBClassifier if task in CLASSIFICATION else xgb.XGBRegressor
         return cls(**(base | params)).fit(X, y)
 
+    def device_params(self, device: str) -> dict[str, Any]:
+        return {"device": device, "tree_method": "hist"}
+
     def serialize(self, model) -> bytes:
+        # UBJSON holds the trees, not the training device: a model fitted with
+        # device="cuda" loads and predicts on a CPU-only host
         return bytes(model.get_booster().save_raw("ubj"))
 
     def native_params(self, params, task, n_classes) -> tuple[dict[str, Any], int]:

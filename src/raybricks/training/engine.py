@@ -58,7 +58,7 @@ from raybricks.results import (
     read_parts,
 )
 from raybricks.segmented_model import KeyIndex
-from raybricks.training.plan import Plan, segment_rows, stable_seed
+from raybricks.training.plan import Plan, needs_gpus, segment_rows, stable_seed
 from raybricks.training.remote import remote
 from raybricks.training.search import trial_settings
 from raybricks.training.selection import (
@@ -78,21 +78,28 @@ log = logging.getLogger(__name__)
 def train_block(
     block: pa.Table, task: Task, plan: Plan, only: frozenset | None = None,
     watch: Watch | None = None, rows: tuple[int, int] | None = None,
+    elsewhere: list | None = None,
 ) -> Outcome:
     """Ray task body: train the segments of one block (``only``: just these segments;
     ``rows``: only the segments in this row range of the block). ``watch``: stop the
     worker when a segment runs past its time limit (segments that already timed out are
-    left out)."""
-    if rows is not None:
-        block = block.slice(rows[0], rows[1] - rows[0])
-    skip = watch.timed_out() if watch is not None else set()
+    left out). ``elsewhere``: [a reference to the evaluations of the GPU candidates, made
+    by ``evaluate_block`` on a task that holds GPUs]: this task evaluates the others,
+    then gathers those and selects."""
+    frame, todo = block_todo(block, plan, only, watch, rows)
     results, members = [], []
-    frame = block.select(plan.columns).to_pandas()
-    todo = [(key, start, end) for key, start, end in segment_bounds(block, plan.segment_by)
-            if key not in skip and (only is None or key in only)
-            and not is_large(end - start, plan)]
     with limit_threads(task, plan), SegmentWatchdog(watch) as watchdog:
-        train = task.trainer(frame, todo, plan)
+        found = None
+        if elsewhere is not None:
+            here = [c.name for c in plan.candidates if not needs_gpus(c)]
+            found = [evaluate_each(task.evaluator(frame, todo, plan, here, False), todo,
+                                   watchdog)]
+            import ray
+
+            found.append(ray.get(elsewhere[0]))  # a lost GPU task fails this one too
+            late = watch.timed_out() if watch is not None else set()  # on the GPU task
+            todo = [item for item in todo if item[0] not in late]
+        train = task.trainer(frame, todo, plan, found)
         for key, start, end in todo:
             watchdog.started(key)
             row, segment_members = train(key, start, end)
@@ -100,6 +107,42 @@ def train_block(
             results.append(row)
             members.extend(keyed_members(plan, key, segment_members))
     return Outcome.of(results_table(results, plan), members_table(members, plan))
+
+
+def evaluate_block(
+    block: pa.Table, task: Task, plan: Plan, only: frozenset | None = None,
+    watch: Watch | None = None, rows: tuple[int, int] | None = None,
+) -> dict[tuple, Any]:
+    """Ray task body, on a task that holds GPUs: the GPU candidates evaluated on each
+    segment of the block (as ``train_block`` takes them: its ``elsewhere``)."""
+    frame, todo = block_todo(block, plan, only, watch, rows)
+    with limit_threads(task, plan), SegmentWatchdog(watch) as watchdog:
+        names = [c.name for c in plan.candidates if needs_gpus(c)]
+        return evaluate_each(task.evaluator(frame, todo, plan, names, True), todo, watchdog)
+
+
+def block_todo(block: pa.Table, plan: Plan, only: frozenset | None, watch: Watch | None,
+               rows: tuple[int, int] | None) -> tuple[pd.DataFrame, list]:
+    """The plan's columns of a block (or its ``rows``) and the segments a task trains:
+    (key, start, end) of those in ``only``, not large, not timed out before."""
+    if rows is not None:
+        block = block.slice(rows[0], rows[1] - rows[0])
+    skip = watch.timed_out() if watch is not None else set()
+    frame = block.select(plan.columns).to_pandas()
+    todo = [(key, start, end) for key, start, end in segment_bounds(block, plan.segment_by)
+            if key not in skip and (only is None or key in only)
+            and not is_large(end - start, plan)]
+    return frame, todo
+
+
+def evaluate_each(evaluate: Any, todo: list, watchdog: SegmentWatchdog) -> dict[tuple, Any]:
+    """A task's evaluator run on every segment to train, each under the watchdog."""
+    found = {}
+    for key, start, end in todo:
+        watchdog.started(key)
+        found[key] = evaluate(key, start, end)
+        watchdog.started(None)
+    return found
 
 
 def warm_up(task: Task, plan: Plan) -> None:
@@ -340,8 +383,10 @@ def train_segments(
     )
     # with a time limit per segment, segments train in packed tasks, which enforce it
     lost: list[tuple] = []
+    # settings of GPU candidates are not spread: a GPU candidate's member is made on the
+    # task that fitted it (packed tasks: ``evaluate_block``)
     if (0 < n_todo < cpus and not done and config.training.segment_timeout_s is None
-            and task.spreads):
+            and task.spreads and not any(needs_gpus(c) for c in plan.candidates)):
         lost = _run_spread(refs, [b.key_tuples(t) for b, t in zip(bounds, todo, strict=True)],
                            task, plan, config, run_dir)
     elif n_todo:
@@ -411,11 +456,16 @@ def _run_packed(refs, bounds: list[BlockSegments], chunks: list[Chunk], slots: i
 
     options = {
         "num_cpus": plan.threads,
-        "num_gpus": max(c.resources.num_gpus for c in config.models),
         "max_retries": config.training.max_retries,
         "retry_exceptions": False,
     }
-    train = remote(train_block, **options)
+    gpus = max(c.resources.num_gpus for c in plan.candidates)
+    # GPU and CPU candidates together: the GPU ones on a task of their own per chunk
+    apart = gpus > 0 and task.evaluates_apart and not all(map(needs_gpus, plan.candidates))
+    train = remote(train_block, **options, num_gpus=0 if apart else gpus)
+    evaluate = remote(evaluate_block, **options, num_gpus=gpus) if apart else None
+    if apart:  # tasks waiting on their GPU task give their CPU back to Ray meanwhile
+        slots += max(int(ray.cluster_resources().get("GPU", 0) // gpus), 1)
     limit = config.training.segment_timeout_s
     watch = Watch(limit, ray.remote(num_cpus=0)(TimeoutBoard).remote()) if limit else None
     plan_ref = ray.put(plan)
@@ -430,7 +480,10 @@ def _run_packed(refs, bounds: list[BlockSegments], chunks: list[Chunk], slots: i
         while waiting and len(pending) < slots:
             chunk, only = waiting.popleft()
             rows = (chunk.start, chunk.end)
-            pending[train.remote(refs[chunk.block], task, plan_ref, only, watch, rows)] = (
+            block = refs[chunk.block]
+            elsewhere = None if evaluate is None else [
+                evaluate.remote(block, task, plan_ref, only, watch, rows)]
+            pending[train.remote(block, task, plan_ref, only, watch, rows, elsewhere)] = (
                 chunk, only)
 
     attempt = uuid.uuid4().hex[:8]

@@ -84,6 +84,23 @@ def stable_seed(*parts: Any) -> int:
     return int.from_bytes(digest, "little")
 
 
+def needs_gpus(candidate: CandidateConfig) -> bool:
+    """Whether the candidate's fitting tasks hold GPUs (``resources.num_gpus``)."""
+    return candidate.resources.num_gpus > 0
+
+
+def on_device(kind: Any, params: dict[str, Any]) -> dict[str, Any]:
+    """``params`` for one fit of ``kind``: under them, the kind's ``device_params("cuda")``
+    when its candidate asks for GPUs and this Ray task (or Ray Train worker) holds some."""
+    if not needs_gpus(kind.candidate):
+        return params
+    import ray
+
+    if not (ray.is_initialized() and ray.get_gpu_ids()):
+        return params
+    return kind.device_params("cuda") | params
+
+
 GLOBAL = CandidateConfig(name="global", kind="global")
 
 

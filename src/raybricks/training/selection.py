@@ -44,6 +44,7 @@ class Evaluation:
     predictions: np.ndarray | None = None  # out-of-split predictions, validation rows
     split_models: list = field(default_factory=list)
     error: str | None = None
+    stored: list[dict[str, Any]] | None = None  # its member rows, made where it was fitted
 
 
 def is_reference(evaluation: Evaluation) -> bool:

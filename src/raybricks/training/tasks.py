@@ -29,6 +29,10 @@ class Task(Protocol):
     #: Whether a job of fewer segments than CPUs may spread each segment's (candidate,
     #: setting) pairs over Ray tasks (``spread_functions``) instead of packing segments.
     spreads: bool
+    #: Whether the candidates of a block may be evaluated on separate Ray tasks
+    #: (``evaluator``; the GPU candidates on tasks that hold GPUs) and the segments
+    #: selected on the block's own task (``trainer`` with ``found``).
+    evaluates_apart: bool
 
     def plan(self, config: JobConfig, schema: pa.Schema, threads: int) -> Plan:
         """Resolve the job for the table's schema; refuse what cannot work (DataError)."""
@@ -40,9 +44,17 @@ class Task(Protocol):
         """On the driver, before any segment trains: what every segment shares."""
 
     def trainer(self, frame: pd.DataFrame, todo: list[tuple[tuple, int, int]],
-                plan: Plan) -> SegmentTrainer:
+                plan: Plan, found: list[dict] | None = None) -> SegmentTrainer:
         """Inside a Ray task: the function that trains one segment of this block's
-        ``frame`` (the plan's columns; ``todo``: the segments it will be asked for)."""
+        ``frame`` (the plan's columns; ``todo``: the segments it will be asked for).
+        ``found``: the candidates were evaluated already (``evaluator``'s results by
+        segment key, this task's first): select among them."""
+
+    def evaluator(self, frame: pd.DataFrame, todo: list[tuple[tuple, int, int]],
+                  plan: Plan, names: list[str], store: bool) -> Callable[[tuple, int, int], Any]:
+        """Inside a Ray task: the function that evaluates only the candidates ``names``
+        on one segment of the block, for ``trainer``'s ``found`` (``store``: made on a
+        task other than the selecting one: each candidate's member is made here)."""
 
     def train_large(self, refs: list, keys: list[list[tuple]], plan: Plan,
                     config: JobConfig, run_dir: Path) -> None:

@@ -145,6 +145,7 @@ def future_example(rows: pd.DataFrame, plan: Plan, periods: int = 5) -> pd.DataF
 class ForecastTask:
     """The forecasting task (``tasks.Task``): each segment a series, forecast ahead."""
 
+    evaluates_apart = False  # every task holds the GPUs its most demanding candidate asks
     spreads = False  # a series' backtests are short: packing series keeps every CPU busy
 
     def plan(self, config: JobConfig, schema: pa.Schema, threads: int) -> Plan:
@@ -171,7 +172,8 @@ class ForecastTask:
         return Shared(plan, lambda run_dir: keep_fallback(run_dir, {"status": TRAINED},
                                                           models[-1]))
 
-    def trainer(self, frame: pd.DataFrame, todo: list, plan: Plan) -> SegmentTrainer:
+    def trainer(self, frame: pd.DataFrame, todo: list, plan: Plan,
+                found: list[dict] | None = None) -> SegmentTrainer:
         # the global model's backtests of every series of the block, in one pass
         batched = (global_model.block_backtests(frame, todo, plan)
                    if plan.global_members else {})
@@ -181,6 +183,10 @@ class ForecastTask:
     def train_large(self, refs: list, keys: list[list[tuple]], plan: Plan,
                     config: JobConfig, run_dir: Path) -> None:
         raise NotImplementedError("a forecast plan has no large segments")
+
+    def evaluator(self, frame: pd.DataFrame, todo: list, plan: Plan, names: list[str],
+                  store: bool) -> Callable:
+        raise NotImplementedError("a series' candidates are backtested on one task")
 
     def spread_functions(self) -> tuple[Callable, Callable, Callable]:
         raise NotImplementedError("series are packed, never spread")

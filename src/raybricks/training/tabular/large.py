@@ -37,7 +37,7 @@ from raybricks.kinds import prepare_features
 from raybricks.results import Outcome
 from raybricks.segmented_model import MemberModel
 from raybricks.training import recipe
-from raybricks.training.plan import Plan, segment_rows, stable_seed
+from raybricks.training.plan import Plan, needs_gpus, on_device, segment_rows, stable_seed
 from raybricks.training.recipe import Chosen, Unit
 from raybricks.training.search import trial_settings
 from raybricks.training.selection import (
@@ -150,7 +150,8 @@ def _train_worker(config: dict) -> None:
     frame = worker_shard(config)
     kind = kinds.of(config["candidate"])
     features = prepare_features(frame, config["meta"])
-    report_model(kind.fit_shard(features, frame[LABEL], config["params"], config["rounds"]))
+    report_model(kind.fit_shard(features, frame[LABEL], on_device(kind, config["params"]),
+                                config["rounds"]))
 
 
 def fit_data_parallel(
@@ -169,7 +170,8 @@ def fit_data_parallel(
                    "candidate": candidate}
     scaling = train_scaling(
         num_workers=config.training.large_segment_workers,
-        resources_per_worker={"CPU": candidate.resources.num_cpus},
+        resources_per_worker=task_resources(candidate),
+        use_gpu=needs_gpus(candidate),
     )
     run = ray.train.RunConfig(storage_path=str(storage.resolve()),
                               name=f"{candidate.name}-{uuid.uuid4().hex[:8]}")
@@ -188,8 +190,16 @@ def _tune_trial(config: dict, candidate: CandidateConfig, task: str, meta: dict,
     params, rounds = kind.native_params(candidate.params | config["setting"], task,
                                         len(meta.get("classes") or []))
     kind.fit_reporting((prepare_features(train, meta), train[LABEL]),
-                       (prepare_features(valid, meta), valid[LABEL]), params, rounds, task,
-                       lambda loss: tune_report({"loss": loss}))
+                       (prepare_features(valid, meta), valid[LABEL]), on_device(kind, params),
+                       rounds, task, lambda loss: tune_report({"loss": loss}))
+
+
+def task_resources(candidate: CandidateConfig) -> dict[str, float]:
+    """The Ray resources of one of the candidate's workers or trials (its GPUs too)."""
+    resources = {"CPU": candidate.resources.num_cpus}
+    if needs_gpus(candidate):
+        resources["GPU"] = candidate.resources.num_gpus
+    return resources
 
 
 def tune_candidate(candidate: CandidateConfig, train_ref, valid_ref, meta: dict, plan: Plan,
@@ -207,7 +217,7 @@ def tune_candidate(candidate: CandidateConfig, train_ref, valid_ref, meta: dict,
         # with_parameters hands the trials the tables behind the references
         tune.with_parameters(_tune_trial, candidate=candidate, task=plan.task, meta=meta,
                              train_rows=train_ref, valid_rows=valid_ref),
-        {"CPU": candidate.resources.num_cpus},
+        task_resources(candidate),
     )
     scheduler = ASHAScheduler(max_t=max(rounds, 1), grace_period=max(rounds // 10, 1),
                               reduction_factor=2)
@@ -235,7 +245,9 @@ def train_large_segment(
     import ray
 
     if not any(data_parallel(c) for c in plan.candidates):
-        return ray.get(ray.remote(train_one_segment).remote(block_ref, plan, key))
+        gpus = max(c.resources.num_gpus for c in plan.candidates)
+        return ray.get(ray.remote(num_gpus=gpus)(train_one_segment).remote(block_ref, plan,
+                                                                            key))
     return recipe.train(LargeSegment(block_ref, key, plan, config, run_dir))
 
 

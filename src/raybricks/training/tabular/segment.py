@@ -22,7 +22,7 @@ from raybricks.kinds import CLASSIFICATION, ModelKind, filled_input, prepare_fea
 from raybricks.kinds.base import MemberMeta, member_meta
 from raybricks.segmented_model import align_classes
 from raybricks.training import recipe
-from raybricks.training.plan import GLOBAL, Plan, global_models, stable_seed
+from raybricks.training.plan import GLOBAL, Plan, global_models, on_device, stable_seed
 from raybricks.training.recipe import Chosen, Evaluator, Unit
 from raybricks.training.search import trial_settings
 from raybricks.training.selection import (
@@ -321,8 +321,8 @@ def _fit_split(prep: Prepared, kind: ModelKind, params, train, plan: Plan, seed:
         if len(trained) < 2:
             raise ValueError("the training split holds a single class")
         y = np.searchsorted(trained, y)
-    model = kind.fit(params, prep.rows(kind, train), y, plan.task, seed, plan.threads,
-                     prep.meta)
+    model = kind.fit(on_device(kind, params), prep.rows(kind, train), y, plan.task, seed,
+                     plan.threads, prep.meta)
     return model, trained
 
 
@@ -396,6 +396,9 @@ def member_rows(prep: Prepared, members, plan: Plan, key: tuple) -> list[dict[st
     if len(members) == 1 and kinds.resolve(members[0][0].candidate.kind).uses_fallback:
         return rows  # the global model alone: the segmented model's fallback serves it
     for evaluation, weight in members:
+        if evaluation.stored is not None:  # made where it was fitted (its GPU task)
+            rows += [row | {"weight": float(weight)} for row in evaluation.stored]
+            continue
         candidate = evaluation.candidate
         kind = kinds.of(candidate)
         if kind.uses_fallback:  # predicted by the fallback: nothing to fit or store

@@ -6,8 +6,10 @@ segments, spreading the settings of a few segments over Ray tasks, and the input
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -212,11 +214,83 @@ def finish_segment(prep, plan: Plan, key: tuple, trials: dict[str, list]):
     # gathered before the recipe: a setting's task lost beyond its retries fails this
     # task, and the engine ends the segment failed as a lost worker
     found = {name: [e for e in ray.get(refs) if e is not None] for name, refs in trials.items()}
+    return finish_prepared(prep, plan, key, found)
+
+
+def finish_prepared(prep: seg.Prepared, plan: Plan, key: tuple,
+                    found: dict[str, list[Evaluation]], data: seg.Columns | None = None
+                    ) -> tuple[SegmentResult, list[dict]]:
+    """The recipe on a prepared segment whose candidates were evaluated already, here or
+    on other Ray tasks (``found``: per candidate, the evaluations of its settings)."""
 
     def best_setting(prepared: seg.Prepared, candidate: CandidateConfig) -> Evaluation:
         return seg.best_of(found[candidate.name], candidate, plan)
 
-    return recipe.train(seg.TableSegment(None, key, plan, best_setting, prepared=prep))
+    return recipe.train(seg.TableSegment(data, key, plan, best_setting, prepared=prep))
+
+
+@dataclass
+class Evaluated:
+    """Some candidates evaluated on one segment (``TableTask.evaluator``): the prepared
+    segment (None where the task that selects prepares its own) and the evaluations by
+    candidate name; ``seconds`` it took."""
+
+    prep: seg.Prepared | None
+    evaluations: dict[str, Evaluation]
+    seconds: float
+
+
+def evaluate_only(columns: seg.Columns, plan: Plan, names: list[str], store: bool
+                  ) -> Callable[[tuple, int, int], Evaluated | None]:
+    """One segment's evaluation of the candidates ``names`` (None: the segment cannot be
+    prepared; the task that selects says why). ``store``: for a task other than the one
+    that selects (the GPU task), each candidate's member is made here, where it holds its
+    device, and its fitted models are not sent back."""
+    chosen = [c for c in plan.candidates if c.name in names]
+
+    def evaluate(key: tuple, start: int, end: int) -> Evaluated | None:
+        begin = time.perf_counter()
+        try:
+            prep = seg.prepare(columns.rows(slice(start, end)), plan, key)
+        except Exception:  # noqa: BLE001 - Skip or failure, reported by the selecting task
+            return None
+        found = {}
+        for candidate in chosen:
+            evaluation = seg.evaluate(prep, candidate, plan, key)
+            if store and evaluation.error is None:
+                try:
+                    evaluation.stored = seg.member_rows(prep, [(evaluation, 1.0)], plan, key)
+                except Exception as exc:  # noqa: BLE001 - its refit failed: not a member
+                    evaluation.error = f"refit: {type(exc).__name__}: {exc}"
+                evaluation.split_models = []
+            found[candidate.name] = evaluation
+        return Evaluated(None if store else prep, found, time.perf_counter() - begin)
+
+    return evaluate
+
+
+def finish_evaluated(columns: seg.Columns, plan: Plan, found: list[dict[tuple, Evaluated]]
+                     ) -> SegmentTrainer:
+    """The trainer of a block whose candidates were evaluated already (``found``: this
+    task's evaluations first, with the prepared segments, then other tasks')."""
+
+    def train(key: tuple, start: int, end: int) -> tuple[SegmentResult, list[dict]]:
+        rows = columns.rows(slice(start, end))
+        parts = [part.get(key) for part in found]
+        if parts[0] is None:  # not prepared: the recipe says why
+            return seg.train_segment(rows, key, plan)
+        begin = time.perf_counter()
+        evaluations = {name: [e] for part in parts if part for name, e in
+                       part.evaluations.items()}
+        for candidate in plan.candidates:
+            evaluations.setdefault(candidate.name, [Evaluation(
+                candidate, error="not evaluated: its task returned nothing for the segment")])
+        row, members = finish_prepared(parts[0].prep, plan, key, evaluations, rows)
+        row.fit_seconds = (time.perf_counter() - begin
+                           + sum(part.seconds for part in parts if part))
+        return row, members
+
+    return train
 
 
 def split_global_models(refs, plan: Plan, whole: Plan, num_rows: int
@@ -257,6 +331,7 @@ class TableTask:
     """The tabular task (``tasks.Task``): segments of rows with features and a target."""
 
     spreads = True
+    evaluates_apart = True
 
     def plan(self, config: JobConfig, schema: pa.Schema, threads: int) -> Plan:
         return table_plan(config, schema, threads)
@@ -276,10 +351,17 @@ class TableTask:
         return Shared(plan, lambda run_dir: run_fallback(refs, whole, config, num_rows,
                                                          run_dir))
 
-    def trainer(self, frame: pd.DataFrame, todo: list, plan: Plan) -> SegmentTrainer:
+    def trainer(self, frame: pd.DataFrame, todo: list, plan: Plan,
+                found: list[dict] | None = None) -> SegmentTrainer:
         columns = seg.columns_of(frame, plan)  # converted once per block; sliced per segment
+        if found is not None:
+            return finish_evaluated(columns, plan, found)
         return lambda key, start, end: seg.train_segment(columns.rows(slice(start, end)),
                                                          key, plan)
+
+    def evaluator(self, frame: pd.DataFrame, todo: list, plan: Plan, names: list[str],
+                  store: bool) -> Callable[[tuple, int, int], Evaluated | None]:
+        return evaluate_only(seg.columns_of(frame, plan), plan, names, store)
 
     def train_large(self, refs: list, keys: list[list[tuple]], plan: Plan,
                     config: JobConfig, run_dir: Path) -> None:
