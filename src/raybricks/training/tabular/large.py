@@ -21,6 +21,7 @@ trials early; the best setting is then fitted data-parallel as above.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import tempfile
 import uuid
@@ -246,10 +247,16 @@ def bayes_searcher(candidate: CandidateConfig, seed: int):
     from ray.tune.search.optuna import OptunaSearch
 
     sampler = bayes_sampler(candidate, seed)
-    searcher = OptunaSearch(space=lambda trial: {"setting": suggest(trial, candidate)},
+    searcher = OptunaSearch(space=functools.partial(_trial_setting, candidate=candidate),
                             metric="loss", mode="min", sampler=sampler)
     trials = candidate.trials or DEFAULT_TRIALS
     return ConcurrencyLimiter(searcher, max_concurrent=startup_trials(trials))
+
+
+def _trial_setting(trial: Any, candidate: CandidateConfig) -> dict[str, Any]:
+    """OptunaSearch's define-by-run space (a partial of it pickles with the searcher's
+    state): the trial's setting, as the grid's trials hold theirs."""
+    return {"setting": suggest(trial, candidate)}
 
 
 def predict_rows(kind: str, payload: bytes, meta: dict, table: pa.Table) -> np.ndarray:
