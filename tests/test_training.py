@@ -189,6 +189,53 @@ def test_few_segments_spread_over_tasks_match_in_process_fit(ray_on_spark, spark
         assert spread[column] == pytest.approx(local[column])
 
 
+def test_bayes_search_spread_over_tasks_matches_in_process_fit(ray_on_spark, spark, tmp_path):
+    # few segments: a bayes candidate's whole sequential search runs on one Ray task,
+    # beside the grid candidate's settings, each on its own; the same seeded draws
+    data = helpers.shops().query("store == 's4'")
+    ds = to_ray_dataset(spark.createDataFrame(data), ["store"])
+    config = job(tmp_path, models=[CANDIDATES[0], CANDIDATES[1] | {
+        "search_method": "bayes", "trials": 4,
+        "search": {"learning_rate": {"low": 0.05, "high": 0.3, "log": True},
+                   "num_leaves": {"low": 4, "high": 31, "int": True}}}])
+    result = train_segments(ds, config)
+    spread = result.segments.iloc[0]
+    plan = make_plan(config, ds.schema)
+    local, members = train_segment(data.reset_index(drop=True), ("s4",), plan)
+    local = local.as_row(plan)
+    assert spread["status"] == local["status"] == "trained"
+    for column in ("metric_rmse", "ridge_rmse", "lgbm_rmse", "chosen"):
+        assert spread[column] == pytest.approx(local[column])
+
+
+@pytest.mark.heavy
+def test_large_segment_bayes_search_uses_optuna_with_asha(ray_on_spark, spark, tmp_path):
+    rng = np.random.default_rng(1)
+    n = 1500
+    big = pd.DataFrame({"store": "big", "x1": rng.normal(size=n), "x2": rng.normal(size=n)})
+    big["y"] = 2 * big.x1 + rng.normal(scale=0.1, size=n)
+    ds = to_ray_dataset(spark.createDataFrame(big), ["store"])
+    config = job(tmp_path, time_column=None, refit=False, features=["x1", "x2"], models=[
+        {"name": "xgb", "kind": "xgboost", "params": {"n_estimators": 30},
+         "search": {"max_depth": [1, 3], "learning_rate": {"low": 0.01, "high": 0.5,
+                                                            "log": True}},
+         "search_method": "bayes", "trials": 5}],
+        training={"output_dir": str(tmp_path), "large_segment_rows": 1000, "progress": False})
+    result = train_segments(ds, config)
+    assert result.segments.status.tolist() == ["trained"]
+    # one Ray Tune experiment of `trials` trials, suggested by OptunaSearch (its state is
+    # saved beside them); the setting fitted is one of them
+    (experiment,) = (result.run_dir / "ray_tune").glob("tune-xgb-*")
+    trials = [json.loads(path.read_text().splitlines()[-1])["config"]["setting"]
+              for path in experiment.glob("*/result.json")]
+    assert len(trials) == 5
+    assert list(experiment.glob("searcher-state-*"))
+    member = result.models().to_pandas().iloc[0]
+    assert json.loads(member.params)["learning_rate"] in [t["learning_rate"] for t in trials]
+    assert all(0.01 <= t["learning_rate"] <= 0.5 and t["max_depth"] in (1, 3)
+               for t in trials)
+
+
 @pytest.mark.topology
 def test_large_segment_goes_through_ray_train(ray_on_spark, spark, tmp_path):
     rng = np.random.default_rng(1)

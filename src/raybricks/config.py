@@ -320,7 +320,9 @@ class CandidateConfig(StrictModel):
     estimator class or a factory returning one) | function (``function``: import path of
     ``fit(X, y, params) -> estimator with predict``) | the import path of a
     ``raybricks.kinds.ModelKind`` subclass. ``search`` maps a parameter to a
-    list of values (grid) or a range; ``trials`` caps the number of sampled settings.
+    list of values (grid) or a range; ``trials`` caps the number of sampled settings;
+    ``search_method`` (grid | random | bayes) says how the space is searched (unset: the
+    grid when the space is only lists and ``trials`` is unset, random draws otherwise).
     """
 
     name: str = Field(min_length=1)
@@ -328,6 +330,7 @@ class CandidateConfig(StrictModel):
     params: dict[str, object] = Field(default_factory=dict)
     search: dict[str, list | RangeSpace] = Field(default_factory=dict)
     trials: PositiveInt | None = None
+    search_method: Literal["grid", "random", "bayes"] | None = None
     estimator: str | None = None
     function: str | None = None
     resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
@@ -349,7 +352,40 @@ class CandidateConfig(StrictModel):
                 raise ValueError(
                     f"models[{self.name}].search.{key} is empty: give at least one value"
                 )
+        check_search_method(self)
         return self
+
+
+def check_search_method(candidate: CandidateConfig) -> None:
+    """``search_method`` against the space: grid needs lists only and no ``trials``; any
+    method needs a ``search`` space; bayes needs optuna (the ``bayes`` extra)."""
+    method, where = candidate.search_method, f"models[{candidate.name}]"
+    if method is None:
+        return
+    if not candidate.search:
+        raise ValueError(f"{where}.search_method={method} needs a search space: add "
+                         "search (parameter: list of values or {low, high}), or drop "
+                         "search_method")
+    if method == "grid":
+        ranges = sorted(k for k, v in candidate.search.items() if not isinstance(v, list))
+        if ranges:
+            raise ValueError(f"{where}.search_method=grid needs lists of values, but "
+                             f"{ranges} are ranges: list the values, or use random or bayes")
+        if candidate.trials is not None:
+            raise ValueError(f"{where}.search_method=grid fits every combination: drop "
+                             "trials, or use search_method random or bayes")
+    if method == "bayes":
+        try:
+            import optuna  # noqa: F401
+        except ImportError:
+            raise ValueError(missing_optuna(candidate.name)) from None
+
+
+def missing_optuna(name: str) -> str:
+    """The error when a bayes search meets an environment without optuna."""
+    return (f"models[{name}].search_method=bayes needs optuna, which is not installed: "
+            "pip install raybricks[bayes] (on Databricks: %pip install raybricks[bayes]; "
+            "Runtime ML 16.4 and 17.3 ship optuna, 15.4 does not)")
 
 
 class EnsembleConfig(StrictModel):

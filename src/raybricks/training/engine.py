@@ -60,7 +60,7 @@ from raybricks.results import (
 from raybricks.segmented_model import KeyIndex
 from raybricks.training.plan import Plan, needs_gpus, segment_rows, stable_seed
 from raybricks.training.remote import remote
-from raybricks.training.search import trial_settings
+from raybricks.training.search import spread_settings
 from raybricks.training.selection import (
     SegmentResult,
     keyed_members,
@@ -608,7 +608,7 @@ def _run_spread(refs, todo, task: Task, plan: Plan, config: JobConfig, run_dir: 
             trials = {
                 c.name: [
                     evaluate.remote(prep_ref, plan, key, c.name, params)
-                    for params in trial_settings(c, stable_seed(plan.seed, key, c.name))
+                    for params in spread_settings(c, stable_seed(plan.seed, key, c.name))
                 ]
                 for c in plan.candidates
             }

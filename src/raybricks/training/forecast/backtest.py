@@ -42,7 +42,7 @@ from raybricks.training.forecast.series import (
 )
 from raybricks.training.plan import GLOBAL, Plan, stable_seed
 from raybricks.training.recipe import Chosen, Unit
-from raybricks.training.search import trial_settings
+from raybricks.training.search import search_best
 from raybricks.training.selection import (
     Evaluation,
     SegmentResult,
@@ -86,26 +86,21 @@ def backtest(kind: kinds.ForecastKind, params: dict[str, Any], series: Series,
 
 def backtest_candidate(series: Series, candidate: CandidateConfig, plan: Plan, key: tuple,
              origins: list[int], actual: np.ndarray, divisor: float) -> Evaluation:
-    """Every setting of a candidate, backtested; the best by the metric (predictions
-    divided by ``divisor``, as ``actual`` is)."""
+    """The settings of a candidate (grid, random draws or bayes: ``search.search_best``),
+    backtested; the best by the metric (predictions divided by ``divisor``, as ``actual``
+    is)."""
     metric = metrics.metric(plan.metric)
     kind = kinds.forecaster(candidate)
-    best, errors = Evaluation(candidate), []
     seed = stable_seed(plan.seed, key, candidate.name, "fit")
-    for params in trial_settings(candidate, stable_seed(plan.seed, key, candidate.name)):
-        try:
-            predictions = backtest(kind, params, series, origins, seed, plan) / divisor
-            if not np.isfinite(predictions).all():
-                raise ValueError("the forecast has missing or infinite values")
-            value = metric.score(actual, predictions)
-        except Exception as exc:  # noqa: BLE001 - one bad setting must not stop the series
-            errors.append(f"{type(exc).__name__}: {exc}")
-            continue
-        if best.params is None or metric.loss(value) < metric.loss(best.value):
-            best = Evaluation(candidate, params, value, predictions)
-    if best.params is None:
-        best.error = "; ".join(dict.fromkeys(errors)) or "no setting could be fitted"
-    return best
+
+    def fit(params: dict[str, Any]) -> Evaluation:
+        predictions = backtest(kind, params, series, origins, seed, plan) / divisor
+        if not np.isfinite(predictions).all():
+            raise ValueError("the forecast has missing or infinite values")
+        return Evaluation(candidate, params, metric.score(actual, predictions), predictions)
+
+    return search_best(candidate, stable_seed(plan.seed, key, candidate.name), plan.metric,
+                       fit)
 
 
 def naive_baseline(series: Series, plan: Plan, key: tuple, origins: list[int],

@@ -26,7 +26,7 @@ from raybricks.kinds.forecasting import ID, TARGET, ForecastSpec
 from raybricks.kinds.lags import Continued, LagsKind, memory
 from raybricks.training.forecast.series import Series, clean_series, windows
 from raybricks.training.plan import GLOBAL, Plan, global_models
-from raybricks.training.search import trial_settings
+from raybricks.training.search import first_setting
 from raybricks.training.selection import Evaluation, member_row
 
 #: The global model learns from at most about this many rows (whole series, sampled).
@@ -84,7 +84,7 @@ def fitted_windows(candidate: CandidateConfig, plan: Plan, frame: pd.DataFrame
     """The global model of each backtest window and over whole series (the last)."""
     spec = global_spec(plan.forecast)
     kind = kinds.forecaster(candidate)
-    params = trial_settings(candidate, plan.seed)[0]
+    params = first_setting(candidate, plan.seed)
     from_end = frame.groupby(ID, sort=False).cumcount(ascending=False).to_numpy()
     cuts = [spec.horizon + spec.step * (spec.windows - 1 - w)
             for w in range(spec.windows)] + [0]

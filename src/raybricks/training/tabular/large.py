@@ -11,15 +11,17 @@ candidate at all, the segment is trained in one task like any other. The results
 the same tables as every other segment.
 
 A data-parallel candidate with a ``search`` space is tuned first with Ray Tune: one trial per
-setting (the same grid or seeded random draws as small segments), each a single-worker
-fit on the training rows that reports the validation loss after every boosting round,
-with the ASHA scheduler stopping the poor trials early; the best setting is then fitted
-data-parallel as above.
+setting (the same grid or seeded random draws as small segments; with ``search_method:
+bayes``, ``trials`` settings asked of Optuna's seeded TPE sampler through Ray Tune's
+``OptunaSearch``), each a single-worker fit on the training rows that reports the
+validation loss after every boosting round, with the ASHA scheduler stopping the poor
+trials early; the best setting is then fitted data-parallel as above.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import tempfile
 import uuid
@@ -39,7 +41,14 @@ from raybricks.segmented_model import MemberModel
 from raybricks.training import recipe
 from raybricks.training.plan import Plan, needs_gpus, on_device, segment_rows, stable_seed
 from raybricks.training.recipe import Chosen, Unit
-from raybricks.training.search import trial_settings
+from raybricks.training.search import (
+    DEFAULT_TRIALS,
+    bayes_sampler,
+    sequential,
+    startup_trials,
+    suggest,
+    trial_settings,
+)
 from raybricks.training.selection import (
     Evaluation,
     SegmentResult,
@@ -204,13 +213,13 @@ def task_resources(candidate: CandidateConfig) -> dict[str, float]:
 
 def tune_candidate(candidate: CandidateConfig, train_ref, valid_ref, meta: dict, plan: Plan,
                    storage: Path) -> dict[str, Any]:
-    """Search the candidate's space on a large segment with Ray Tune and ASHA; returns the
-    best setting (scikit-learn style parameters)."""
+    """Search the candidate's space on a large segment with Ray Tune and ASHA (the grid or
+    random settings, or Optuna's TPE sampler through ``OptunaSearch`` for bayes); returns
+    the best setting (scikit-learn style parameters)."""
     from ray import tune
     from ray.tune.schedulers import ASHAScheduler
 
-
-    settings = trial_settings(candidate, stable_seed(plan.seed, candidate.name, "tune"))
+    seed = stable_seed(plan.seed, candidate.name, "tune")
     _, rounds = kinds.of(candidate).native_params(candidate.params, plan.task,
                                                    len(meta.get("classes") or []))
     trainable = tune.with_resources(
@@ -221,15 +230,43 @@ def tune_candidate(candidate: CandidateConfig, train_ref, valid_ref, meta: dict,
     )
     scheduler = ASHAScheduler(max_t=max(rounds, 1), grace_period=max(rounds // 10, 1),
                               reduction_factor=2)
+    if sequential(candidate):
+        space, searcher = {}, bayes_searcher(candidate, seed)
+        samples = candidate.trials or DEFAULT_TRIALS
+    else:
+        space = {"setting": tune.grid_search(trial_settings(candidate, seed))}
+        searcher, samples = None, 1
     tuner = tune.Tuner(
         trainable,
-        param_space={"setting": tune.grid_search(settings)},
-        tune_config=tune.TuneConfig(metric="loss", mode="min", scheduler=scheduler),
+        param_space=space,
+        tune_config=tune.TuneConfig(metric="loss", mode="min", scheduler=scheduler,
+                                    search_alg=searcher, num_samples=samples),
         run_config=tune_run_config(storage_path=str(storage.resolve()), verbose=0,
                                   name=f"tune-{candidate.name}-{uuid.uuid4().hex[:8]}"),
     )
     best = tuner.fit().get_best_result(metric="loss", mode="min", scope="last")
     return best.config["setting"]
+
+
+def bayes_searcher(candidate: CandidateConfig, seed: int):
+    """Ray Tune's ``OptunaSearch`` over the candidate's space (``search.suggest``: each
+    trial's config holds its ``setting``), with the seeded TPE sampler of small segments;
+    at most as many trials at once as TPE's random start, so the later ones are asked
+    knowing the scores of the earlier ones."""
+    from ray.tune.search import ConcurrencyLimiter
+    from ray.tune.search.optuna import OptunaSearch
+
+    sampler = bayes_sampler(candidate, seed)
+    searcher = OptunaSearch(space=functools.partial(_trial_setting, candidate=candidate),
+                            metric="loss", mode="min", sampler=sampler)
+    trials = candidate.trials or DEFAULT_TRIALS
+    return ConcurrencyLimiter(searcher, max_concurrent=startup_trials(trials))
+
+
+def _trial_setting(trial: Any, candidate: CandidateConfig) -> dict[str, Any]:
+    """OptunaSearch's define-by-run space (a partial of it pickles with the searcher's
+    state): the trial's setting, as the grid's trials hold theirs."""
+    return {"setting": suggest(trial, candidate)}
 
 
 def predict_rows(kind: str, payload: bytes, meta: dict, table: pa.Table) -> np.ndarray:

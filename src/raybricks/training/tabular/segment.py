@@ -24,7 +24,7 @@ from raybricks.segmented_model import align_classes
 from raybricks.training import recipe
 from raybricks.training.plan import GLOBAL, Plan, global_models, on_device, stable_seed
 from raybricks.training.recipe import Chosen, Evaluator, Unit
-from raybricks.training.search import trial_settings
+from raybricks.training.search import search_best
 from raybricks.training.selection import (
     Evaluation,
     SegmentResult,
@@ -338,31 +338,25 @@ def _predict_split(prep, kind: ModelKind, model, trained, rows, plan: Plan) -> n
 
 
 def evaluate(prep: Prepared, candidate: CandidateConfig, plan: Plan, key: tuple) -> Evaluation:
-    """Try every setting of a candidate on the splits; keep the best by the metric."""
-    best = Evaluation(candidate)
+    """Try the settings of a candidate on the splits (``search.search_best``: grid,
+    random draws or bayes); keep the best by the metric."""
     y_valid = prep.y[validation_rows(prep)]
     metric = metrics.metric(plan.metric)
-    errors = []
-    settings = trial_settings(candidate, stable_seed(plan.seed, key, candidate.name))
     kind = kinds.of(candidate)
-    for params in settings:
-        seed = stable_seed(plan.seed, key, candidate.name, "fit")
-        try:
-            fitted, parts = [], []
-            for train, valid in prep.splits:
-                model, trained = _fit_split(prep, kind, params, train, plan, seed)
-                fitted.append((model, trained))
-                parts.append(_predict_split(prep, kind, model, trained, valid, plan))
-            predictions = np.concatenate(parts)
-            value = metric.score(y_valid, predictions)
-        except Exception as exc:  # noqa: BLE001 - one bad setting must not stop the segment
-            errors.append(f"{type(exc).__name__}: {exc}")
-            continue
-        if best.params is None or metric.loss(value) < metric.loss(best.value):
-            best = Evaluation(candidate, params, value, predictions, fitted)
-    if best.params is None:
-        best.error = "; ".join(dict.fromkeys(errors)) or "no setting could be fitted"
-    return best
+    seed = stable_seed(plan.seed, key, candidate.name, "fit")
+
+    def fit(params: dict[str, Any]) -> Evaluation:
+        fitted, parts = [], []
+        for train, valid in prep.splits:
+            model, trained = _fit_split(prep, kind, params, train, plan, seed)
+            fitted.append((model, trained))
+            parts.append(_predict_split(prep, kind, model, trained, valid, plan))
+        predictions = np.concatenate(parts)
+        return Evaluation(candidate, params, metric.score(y_valid, predictions), predictions,
+                          fitted)
+
+    return search_best(candidate, stable_seed(plan.seed, key, candidate.name), plan.metric,
+                       fit)
 
 
 #: What serves a constant segment where no baseline competes (``selection: local_only``).
@@ -421,7 +415,8 @@ def member_rows(prep: Prepared, members, plan: Plan, key: tuple) -> list[dict[st
 
 def replace_search(candidate: CandidateConfig, params: dict[str, Any]) -> CandidateConfig:
     """The candidate reduced to one fixed setting (for spreading settings over tasks)."""
-    return candidate.model_copy(update={"params": params, "search": {}, "trials": None})
+    return candidate.model_copy(update={"params": params, "search": {}, "trials": None,
+                                        "search_method": None})
 
 
 def best_of(found: list[Evaluation], candidate: CandidateConfig, plan: Plan) -> Evaluation:

@@ -193,11 +193,13 @@ def prepare_segment(block: pa.Table, plan: Plan, key: tuple):
         return seg.train_segment(rows, key, plan)
 
 
-def evaluate_setting(prep, plan: Plan, key: tuple, name: str, params: dict):
+def evaluate_setting(prep, plan: Plan, key: tuple, name: str, params: dict | None):
+    """Ray task body: one setting of a candidate on a prepared segment, or (``None``, a
+    sequential bayes search: ``search.spread_settings``) its whole search."""
     if not isinstance(prep, seg.Prepared):
         return None
     candidate = next(c for c in plan.candidates if c.name == name)
-    one = seg.replace_search(candidate, params)
+    one = candidate if params is None else seg.replace_search(candidate, params)
     evaluation = seg.evaluate(prep, one, plan, key)
     evaluation.split_models = []  # not needed back on the driver
     return evaluation
