@@ -34,9 +34,9 @@ GPU_JOB = """
                                 table.num_rows, table.schema, segments)
 
     models = [
-        {"name": "cpu", "kind": "tests.userkinds.WhereFitted"},
-        {"name": "gpu", "kind": "tests.userkinds.WhereFitted", "resources": {"num_gpus": 1}},
-        {"name": "xgb", "kind": "tests.userkinds.RecordingXGBoost",
+        {"name": "cpu", "kind": "tests.gpukinds.WhereFitted"},
+        {"name": "gpu", "kind": "tests.gpukinds.WhereFitted", "resources": {"num_gpus": 1}},
+        {"name": "xgb", "kind": "tests.gpukinds.RecordingXGBoost",
          "params": {"n_estimators": 5}, "resources": {"num_gpus": 1}},
     ]
     def job(chosen):
