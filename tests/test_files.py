@@ -62,7 +62,7 @@ def write_zip_files(root, frame: pd.DataFrame, fmt: str) -> None:
 @pytest.mark.topology
 @pytest.mark.parametrize("fmt,n", [
     ("csv", 100), ("parquet", 100),
-    pytest.param("csv", 2000, marks=pytest.mark.heavy, id="csv-thousands"),  # ~60 s
+    pytest.param("csv", 2000, marks=pytest.mark.heavy, id="csv-thousands"),  # ~25 s
 ])
 def test_every_file_is_read_by_its_header_and_every_file_without_rows_is_named(
         spark, tmp_path, fmt, n):
@@ -119,6 +119,7 @@ def test_a_file_column_named_like_a_key_is_refused(spark, tmp_path):
 
 
 @pytest.mark.topology
+@pytest.mark.heavy  # ~40 s; the reading itself runs on every runtime (the tests above)
 def test_a_folder_of_files_trains_registers_and_scores_by_key(ray_on_spark, spark, tmp_path):
     from raybricks import score, train
 

@@ -75,6 +75,17 @@ def glob_of(path: str) -> str:
     return PLACEHOLDER.sub("*", path)
 
 
+def folder_of(path: str) -> tuple[str, str]:
+    """The folder Spark lists (the template's parts before the first ``{name}`` or
+    wildcard) and the glob of the file names (its last part). Spark lists a folder far
+    faster than a glob that matches files, which it checks and lists path by path."""
+    parts = glob_of(path).split("/")
+    fixed = next((i for i, part in enumerate(parts) if re.search(r"[*?\[]", part)),
+                 len(parts) - 1)
+    folder = "/".join(parts[:min(fixed, len(parts) - 1)])
+    return folder or ("/" if path.startswith("/") else "."), parts[-1]
+
+
 def path_regex(path: str) -> str:
     """A regex matching the end of a (decoded) file path; group i is the i-th key."""
     parts = []
@@ -91,11 +102,17 @@ def path_regex(path: str) -> str:
     return "".join(parts).lstrip("/") + "$"
 
 
-def _decoded(name: str) -> Column:
-    """A file path column as Spark reports it (URL-encoded), decoded (``+`` kept)."""
+def _decode(path: Column) -> Column:
+    """A file path as Spark reports it (URL-encoded), decoded (``+`` kept)."""
     from pyspark.sql import functions as F
 
-    return F.expr(f"url_decode(regexp_replace(`{name}`, '\\\\+', '%2B'))")
+    return F.call_function("url_decode", F.regexp_replace(path, r"\+", "%2B"))
+
+
+def _decoded(name: str) -> Column:
+    from pyspark.sql import functions as F
+
+    return _decode(F.col(name))
 
 
 def _comparable(column: str) -> Column:
@@ -125,6 +142,7 @@ class SegmentFiles:
         self.spark, self.path, self.format = spark, path, fmt
         self.keys = key_names(path)
         self.regex = path_regex(path)
+        self.folder, self.file_glob = folder_of(path)
         self._headers: DataFrame | None = None
         self._strings: DataFrame | None = None
         rows, self._listing = self._read()
@@ -147,8 +165,12 @@ class SegmentFiles:
                 for i, name in enumerate(self.keys)]
 
     def _reader(self):
+        """Every file under the template's folder whose name fits its last part (the
+        rows of files that do not fit the whole template are dropped after)."""
         return (self.spark.read.option("ignoreCorruptFiles", "true")
-                .option("ignoreMissingFiles", "true"))
+                .option("ignoreMissingFiles", "true")
+                .option("recursiveFileLookup", "true")
+                .option("pathGlobFilter", self.file_glob))
 
     def _read(self) -> tuple[DataFrame, DataFrame]:
         """The rows with their file's path (``FILE``), and a frame Spark lists files of."""
@@ -159,17 +181,24 @@ class SegmentFiles:
         try:
             with _listing_tasks(self.spark):
                 if self.format == "csv":
-                    lines = self._reader().text(glob)
+                    lines = self._reader().text(self.folder)
                 else:
-                    raw = self._reader().option("mergeSchema", "true").parquet(glob)
+                    raw = self._reader().option("mergeSchema", "true").parquet(self.folder)
         except AnalysisException as exc:
             first = str(exc).strip().splitlines()[0]
             raise SourceNotFound(
                 f"no {self.format} files match source.path {self.path!r} (as the glob "
                 f"{glob!r}): {first}. Check the folder and the template") from exc
         if self.format == "csv":
-            return self._csv_rows(lines), lines
-        return raw.select("*", F.col("_metadata.file_path").alias(FILE)), raw
+            return self._csv_rows(lines.where(self.fits(F.col("_metadata.file_path")))), lines
+        return (raw.select("*", F.col("_metadata.file_path").alias(FILE))
+                .where(self.fits(F.col(FILE))), raw)
+
+    def fits(self, path: Column) -> Column:
+        """Whether a file path (as Spark reports it) fits the whole template."""
+        from pyspark.sql import functions as F
+
+        return F.regexp_extract(_decode(path), self.regex, 0) != ""
 
     def _csv_rows(self, text: DataFrame) -> DataFrame:
         """CSV rows by their files' own headers: the first line of each file names its
@@ -209,7 +238,8 @@ class SegmentFiles:
         and the rows; the sizes of those files looked up, up to ``LOOKUPS``)."""
         from pyspark.sql import functions as F
 
-        listing = _listing(self.spark, self._listing).select(_comparable("path").alias("p"))
+        listing = (_listing(self.spark, self._listing).where(self.fits(F.col("path")))
+                   .select(_comparable("path").alias("p")))
         read = self.rows.select(_comparable(FILE).alias("p")).distinct()
         missing = [r["p"] for r in listing.join(read, "p", "left_anti").collect()]
         if not missing:
