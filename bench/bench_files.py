@@ -81,7 +81,8 @@ def ray_task_per_file(folder: Path) -> int:
     return len(results)
 
 
-def raybricks_job(folder: Path, runs: Path, spark, name: str) -> int:
+def raybricks_job(folder: Path, runs: Path, spark, name: str,
+                  timings: dict | None = None) -> int:
     from raybricks import JobConfig, train
 
     config = JobConfig.model_validate({
@@ -92,6 +93,8 @@ def raybricks_job(folder: Path, runs: Path, spark, name: str) -> int:
         "registry": {"name": name, "promote": "always"},
         "training": {"output_dir": str(runs), "progress": False}})
     report = train(config, spark)
+    if timings is not None:
+        timings.update({stage: round(seconds, 2) for stage, seconds in report.timings.items()})
     return report.result.counts()["trained"]
 
 
@@ -121,9 +124,11 @@ def main() -> None:
         raybricks_job(work / "warm", work / "runs-warm", spark, "bench.files.warm")
         with measured("ray_task_per_file", args.files, out):
             assert ray_task_per_file(work / "skus") == args.files
-        with measured("raybricks", args.files, out):
+        stages: dict[str, float] = {}
+        with measured("raybricks", args.files, out, stages=stages):
             assert raybricks_job(work / "skus", work / "runs", spark,
-                                 "bench.files.skus") == args.files
+                                 "bench.files.skus", stages) == args.files
+        print("raybricks' stages (s):", stages)
     finally:
         stop_ray(cluster)
         spark.stop()

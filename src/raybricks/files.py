@@ -152,7 +152,7 @@ class SegmentFiles:
             raise DataError(
                 f"column(s) {clash} are in the files and also keys of source.path "
                 f"{path!r}: rename the {{name}} in the path (e.g. {{{clash[0]}_key}})")
-        self.rows = rows if self.format == "csv" else rows.persist()
+        self.rows = rows
         self.frame = self.rows.select(*self.key_columns(), *[c for c in rows.columns
                                                               if c != FILE])
 
@@ -178,21 +178,24 @@ class SegmentFiles:
         from pyspark.sql import functions as F
 
         glob = glob_of(self.path)
-        try:
-            with _listing_tasks(self.spark):
+        with _small_files(self.spark):
+            try:
                 if self.format == "csv":
                     lines = self._reader().text(self.folder)
                 else:
                     raw = self._reader().option("mergeSchema", "true").parquet(self.folder)
-        except AnalysisException as exc:
-            first = str(exc).strip().splitlines()[0]
-            raise SourceNotFound(
-                f"no {self.format} files match source.path {self.path!r} (as the glob "
-                f"{glob!r}): {first}. Check the folder and the template") from exc
-        if self.format == "csv":
-            return self._csv_rows(lines.where(self.fits(F.col("_metadata.file_path")))), lines
-        return (raw.select("*", F.col("_metadata.file_path").alias(FILE))
-                .where(self.fits(F.col(FILE))), raw)
+            except AnalysisException as exc:
+                first = str(exc).strip().splitlines()[0]
+                raise SourceNotFound(
+                    f"no {self.format} files match source.path {self.path!r} (as the glob "
+                    f"{glob!r}): {first}. Check the folder and the template") from exc
+            if self.format == "csv":  # read here, into the cache
+                fitting = lines.where(self.fits(F.col("_metadata.file_path")))
+                return self._csv_rows(fitting), lines
+            rows = (raw.select("*", F.col("_metadata.file_path").alias(FILE))
+                    .where(self.fits(F.col(FILE))).persist())
+            rows.count()  # read here, into the cache
+            return rows, raw
 
     def fits(self, path: Column) -> Column:
         """Whether a file path (as Spark reports it) fits the whole template."""
@@ -365,25 +368,33 @@ def _csv_types(strings: DataFrame, names: list[str]) -> dict[str, str]:
     return types
 
 
+#: Spark's settings while it lists and reads the files: a listing job of a few tasks per
+#: core (Spark's default: a task per folder, up to 10,000), and about a thousand small files
+#: per read task (its default counts 4 MB per file opened, so 32 small files make a task,
+#: and every later pass over the cached rows keeps those many tiny partitions)
+SMALL_FILES = {"spark.sql.sources.parallelPartitionDiscovery.parallelism": "{tasks}",
+               "spark.sql.files.openCostInBytes": str(128 * 1024)}
+
+
 @contextlib.contextmanager
-def _listing_tasks(spark: SparkSession) -> Iterator[None]:
-    """Spark lists a glob's many folders in a job of up to 10,000 tasks of a few folders
-    each; a few per core list as fast, with far less overhead."""
-    name = "spark.sql.sources.parallelPartitionDiscovery.parallelism"
+def _small_files(spark: SparkSession) -> Iterator[None]:
+    """``SMALL_FILES`` set on the session while the files are listed and first read."""
     try:
         cores = spark.sparkContext.defaultParallelism
-    except Exception:  # noqa: BLE001 - Spark Connect: no context; its server's default
+    except Exception:  # noqa: BLE001 - Spark Connect: no context; its server's defaults
         yield
         return
-    before = spark.conf.get(name, None)
-    spark.conf.set(name, str(max(4 * cores, 8)))
+    before = {name: spark.conf.get(name, None) for name in SMALL_FILES}
+    for name, value in SMALL_FILES.items():
+        spark.conf.set(name, value.format(tasks=max(4 * cores, 8)))
     try:
         yield
     finally:
-        if before is None:
-            spark.conf.unset(name)
-        else:
-            spark.conf.set(name, before)
+        for name, value in before.items():
+            if value is None:
+                spark.conf.unset(name)
+            else:
+                spark.conf.set(name, value)
 
 
 def _listing(spark: SparkSession, frame: DataFrame) -> DataFrame:
