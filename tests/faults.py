@@ -7,8 +7,8 @@ SIGKILL, as the kernel's or Ray's out-of-memory killer does; ``hang`` sleeps for
 ``params["release"]`` exists; ``barrier`` blocks until ``params["parties"]`` jobs have
 each left a file in ``params["barrier"]`` (so concurrent jobs surely overlap).
 
-``LostWorkerXGBoost`` is XGBoost on Ray Train whose rank-0 worker waits to be killed
-mid-fit, after a checkpoint.
+``LostWorkerXGBoost`` and ``LostWorkerLightGBM`` train on Ray Train, where their rank-0
+worker waits to be killed mid-fit, after a checkpoint.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from sklearn.compose import ColumnTransformer
 from sklearn.linear_model import LinearRegression
 from sklearn.pipeline import make_pipeline
 
+from raybricks.kinds.lightgbm import LightGBMKind
 from raybricks.kinds.xgboost import XGBoostKind
 
 WAIT_LIMIT_S = 300  # a waiting fit gives up (and fails its segment) after this
@@ -74,13 +75,12 @@ def _wait_for(condition) -> None:
         time.sleep(0.2)
 
 
-class LostWorkerXGBoost(XGBoostKind):
-    """XGBoost whose rank-0 Ray Train worker, on the fit's first start, writes its pid to
-    ``params["pid_file"]`` after round ``params["stop_after"]`` (make it a checkpoint
-    round) and waits there to be killed; a start resuming from a checkpoint writes the
-    rounds it still fits to ``params["resumed_file"]``. Otherwise the ``xgboost`` kind."""
+class LostWorker:
+    """A data-parallel kind whose rank-0 Ray Train worker, on the fit's first start, writes
+    its pid to ``params["pid_file"]`` after round ``params["stop_after"]`` (make it a
+    checkpoint round) and waits there to be killed; a start resuming from a checkpoint
+    writes the rounds it still fits to ``params["resumed_file"]``. Otherwise the kind."""
 
-    name = "tests.faults.LostWorkerXGBoost"
     OWN = ("pid_file", "resumed_file", "stop_after")
 
     def native_params(self, params, task, n_classes):
@@ -98,6 +98,14 @@ class LostWorkerXGBoost(XGBoostKind):
         else:
             after_round = _stop_after(after_round, own["stop_after"], Path(own["pid_file"]))
         return super().fit_shard(features, label, params, rounds, init, after_round)
+
+
+class LostWorkerXGBoost(LostWorker, XGBoostKind):
+    name = "tests.faults.LostWorkerXGBoost"
+
+
+class LostWorkerLightGBM(LostWorker, LightGBMKind):
+    name = "tests.faults.LostWorkerLightGBM"
 
 
 def _stop_after(after_round, stop_after: int, pid_file: Path):

@@ -277,8 +277,10 @@ def test_large_segment_goes_through_ray_train(ray_on_spark, spark, tmp_path):
 
 @pytest.mark.heavy
 @pytest.mark.topology
+@pytest.mark.parametrize("kind, lost", [("xgboost", "tests.faults.LostWorkerXGBoost"),
+                                        ("lightgbm", "tests.faults.LostWorkerLightGBM")])
 def test_large_segment_resumes_from_its_checkpoint_when_a_ray_train_worker_dies(
-    ray_on_spark, spark, tmp_path, caplog
+    ray_on_spark, spark, tmp_path, caplog, kind, lost
 ):
     ds = big_and_small_stores(spark)
     pid_file, resumed_file = tmp_path / "pid", tmp_path / "resumed"
@@ -298,7 +300,7 @@ def test_large_segment_resumes_from_its_checkpoint_when_a_ray_train_worker_dies(
     killer = threading.Thread(target=kill_the_waiting_worker, daemon=True)
     killer.start()
     with caplog.at_level(logging.WARNING, logger="raybricks"):
-        killed = run("tests.faults.LostWorkerXGBoost", 10, stop_after=30,
+        killed = run(lost, 10, stop_after=30,
                      pid_file=str(pid_file), resumed_file=str(resumed_file))
     killer.join()
     assert (killed.status == "trained").all()
@@ -309,7 +311,7 @@ def test_large_segment_resumes_from_its_checkpoint_when_a_ray_train_worker_dies(
     assert start in (20, 30)
     assert f"resumed from its checkpoint at round {start} of 60" in caplog.text
     # ... into the model an uninterrupted fit makes (without checkpoints, as before them)
-    uninterrupted = run("xgboost", 0)
+    uninterrupted = run(kind, 0)
     assert killed.loc["big", "xgb_rmse"] == pytest.approx(
         uninterrupted.loc["big", "xgb_rmse"], rel=1e-6)
 
