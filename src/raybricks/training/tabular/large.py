@@ -16,6 +16,12 @@ bayes``, ``trials`` settings asked of Optuna's seeded TPE sampler through Ray Tu
 ``OptunaSearch``), each a single-worker fit on the training rows that reports the
 validation loss after every boosting round, with the ASHA scheduler stopping the poor
 trials early; the best setting is then fitted data-parallel as above.
+
+A lost worker does not lose a fit: rank 0 reports the booster as a Ray Train checkpoint
+every ``training.large_segment_checkpoint_rounds`` rounds, and Ray Train restarts the
+workers (up to ``training.large_segment_max_failures`` times), which continue boosting
+the checkpoint's booster for the remaining rounds. Tune trials are retried as often, from
+their start.
 """
 
 from __future__ import annotations
