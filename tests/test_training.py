@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import logging
+import os
+import signal
+import threading
 from types import SimpleNamespace
 
 import numpy as np
@@ -17,7 +21,7 @@ from raybricks.segmented_model import MemberModel, SegmentModel
 from raybricks.training import train_segments
 from raybricks.training.tabular.segment import train_segment
 from raybricks.training.tasks import make_plan
-from tests import helpers
+from tests import faults, helpers
 
 CANDIDATES = [
     {"name": "ridge", "kind": "sklearn", "estimator": "sklearn.linear_model.Ridge",
@@ -236,15 +240,19 @@ def test_large_segment_bayes_search_uses_optuna_with_asha(ray_on_spark, spark, t
                for t in trials)
 
 
-@pytest.mark.topology
-def test_large_segment_goes_through_ray_train(ray_on_spark, spark, tmp_path):
+def big_and_small_stores(spark, n: int = 1500):
+    """Store ``big`` (``n`` rows) beside two small shops, as a Ray Dataset."""
     rng = np.random.default_rng(1)
-    n = 1500
     big = pd.DataFrame({"store": "big", "x1": rng.normal(size=n), "x2": rng.normal(size=n),
                         "color": rng.choice(["red", "blue"], n)})
     big["y"] = 2 * big.x1 + (big.color == "red") + rng.normal(scale=0.1, size=n)
     small = helpers.shops().query("store in ['s0', 's1']").drop(columns="day")
-    ds = to_ray_dataset(spark.createDataFrame(pd.concat([big, small])), ["store"])
+    return to_ray_dataset(spark.createDataFrame(pd.concat([big, small])), ["store"])
+
+
+@pytest.mark.topology
+def test_large_segment_goes_through_ray_train(ray_on_spark, spark, tmp_path):
+    ds = big_and_small_stores(spark)
     config = job(tmp_path, time_column=None, refit=False, models=[
         {"name": "xgb", "kind": "xgboost", "params": {"n_estimators": 30},
          "search": {"max_depth": [1, 3], "learning_rate": [0.02, 0.3]}},
@@ -265,6 +273,47 @@ def test_large_segment_goes_through_ray_train(ray_on_spark, spark, tmp_path):
     model = MemberModel(member.kind, member.payload, json.loads(member.meta))
     prediction = model.predict(pd.DataFrame({"x1": [1.0], "x2": [0.0], "color": ["red"]}))
     assert abs(prediction[0] - 3.0) < 0.5
+
+
+@pytest.mark.heavy
+@pytest.mark.topology
+@pytest.mark.parametrize("kind, lost", [("xgboost", "tests.faults.LostWorkerXGBoost"),
+                                        ("lightgbm", "tests.faults.LostWorkerLightGBM")])
+def test_large_segment_resumes_from_its_checkpoint_when_a_ray_train_worker_dies(
+    ray_on_spark, spark, tmp_path, caplog, kind, lost
+):
+    ds = big_and_small_stores(spark)
+    pid_file, resumed_file = tmp_path / "pid", tmp_path / "resumed"
+    params = {"n_estimators": 60, "max_depth": 3}
+
+    def run(kind: str, checkpoint_rounds: int, **own) -> pd.DataFrame:
+        training = {"output_dir": str(tmp_path), "large_segment_rows": 1000,
+                    "large_segment_checkpoint_rounds": checkpoint_rounds, "progress": False}
+        config = job(tmp_path, time_column=None, refit=False, training=training, models=[
+            {"name": "xgb", "kind": kind, "params": params | own}])
+        return by_store(train_segments(ds, config))
+
+    def kill_the_waiting_worker() -> None:
+        faults._wait_for(pid_file.exists)  # rank 0 after round 30 (a checkpoint)
+        os.kill(int(pid_file.read_text()), signal.SIGKILL)
+
+    killer = threading.Thread(target=kill_the_waiting_worker, daemon=True)
+    killer.start()
+    with caplog.at_level(logging.WARNING, logger="raybricks"):
+        killed = run(lost, 10, stop_after=30,
+                     pid_file=str(pid_file), resumed_file=str(resumed_file))
+    killer.join()
+    assert (killed.status == "trained").all()
+    # Ray Train restarted the workers, which continued from a checkpoint: round 30's, or
+    # 20's when the worker died before Ray Train took in its last report (Ray >= 2.4x
+    # takes reports in every couple of seconds, one waiting at most)
+    start = 60 - int(resumed_file.read_text())  # rounds fitted after the restart, of 60
+    assert start in (20, 30)
+    assert f"resumed from its checkpoint at round {start} of 60" in caplog.text
+    # ... into the model an uninterrupted fit makes (without checkpoints, as before them)
+    uninterrupted = run(kind, 0)
+    assert killed.loc["big", "xgb_rmse"] == pytest.approx(
+        uninterrupted.loc["big", "xgb_rmse"], rel=1e-6)
 
 
 def test_bad_columns_are_refused_before_training(shops_ds, tmp_path):

@@ -178,16 +178,16 @@ def tune_report(metrics: dict[str, Any]) -> None:
     report(metrics)
 
 
-def tune_run_config(**options: Any) -> Any:
-    """A ``RunConfig`` for ``tune.Tuner`` (``ray.tune.RunConfig``, or Ray 2.37's train one)."""
+def tune_run_config(max_failures: int = 0, **options: Any) -> Any:
+    """A ``RunConfig`` for ``tune.Tuner`` (``ray.tune.RunConfig``, or Ray 2.37's train one)
+    whose trials are retried ``max_failures`` times (newer Ray wants Tune's own
+    ``FailureConfig`` there, which Ray 2.37 does not have)."""
+    import ray.train
     from ray import tune
 
-    run_config = getattr(tune, "RunConfig", None)
-    if run_config is None:
-        import ray.train
-
-        run_config = ray.train.RunConfig
-    return run_config(**options)
+    run_config = getattr(tune, "RunConfig", ray.train.RunConfig)
+    failure_config = getattr(tune, "FailureConfig", ray.train.FailureConfig)
+    return run_config(failure_config=failure_config(max_failures=max_failures), **options)
 
 
 # --------------------------------------------------------------------------- Spark

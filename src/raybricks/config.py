@@ -419,6 +419,11 @@ class TrainingConfig(StrictModel):
 
     large_segment_rows: PositiveInt = 1_000_000
     large_segment_workers: PositiveInt = 2
+    #: Ray Train restarts a large segment's workers this often after a lost worker (or an
+    #: error in the fit), resuming from the last checkpoint; Tune trials are retried too.
+    large_segment_max_failures: int = Field(default=2, ge=0)
+    #: boosting rounds between a large segment's checkpoints (0: only the finished model)
+    large_segment_checkpoint_rounds: int = Field(default=25, ge=0)
     max_retries: int = Field(default=3, ge=0)
     segment_timeout_s: float | None = Field(default=None, gt=0)
     output_dir: str = ".raybricks/runs"

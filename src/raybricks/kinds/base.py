@@ -326,9 +326,16 @@ class ModelKind(StoredKind):
         raise NotImplementedError
 
     def fit_shard(self, features: pd.DataFrame, label: pd.Series, params: dict[str, Any],
-                  rounds: int) -> bytes:
+                  rounds: int, init: bytes | None = None,
+                  after_round: Callable[[Callable[[], bytes]], None] | None = None
+                  ) -> bytes:
         """Inside a Ray Train worker: train on this worker's rows together with the other
-        workers; the model's bytes (as ``serialize`` would make them)."""
+        workers; the model's bytes (as ``serialize`` would make them).
+
+        Optional, for checkpoints (a kind without them restarts a lost fit from round 0):
+        ``init``, a model's bytes to continue boosting (``rounds`` more rounds);
+        ``after_round(model)`` called after every round with a function returning the
+        model's bytes so far."""
         raise NotImplementedError
 
     def fit_reporting(self, train: tuple[pd.DataFrame, pd.Series],

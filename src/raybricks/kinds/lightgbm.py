@@ -57,14 +57,18 @@ class LightGBMKind(ModelKind):
 
         return boosting_trainer("lightgbm", "LightGBMTrainer")
 
-    def fit_shard(self, features, label, params, rounds) -> bytes:
+    def fit_shard(self, features, label, params, rounds, init=None, after_round=None
+                  ) -> bytes:
         import lightgbm as lgb
 
         from raybricks.compat import lightgbm_network_params
 
+        callbacks = [] if after_round is None else [
+            lambda env: after_round(lambda: env.model.model_to_string().encode())]
         dtrain = lgb.Dataset(features, label=label, free_raw_data=False)
         booster = lgb.train(params | lightgbm_network_params(), dtrain,
-                            num_boost_round=rounds)
+                            num_boost_round=rounds, callbacks=callbacks,
+                            init_model=None if init is None else self.load(init, {}))
         return booster.model_to_string().encode()
 
     def fit_reporting(self, train, valid, params, rounds, task, report) -> None:

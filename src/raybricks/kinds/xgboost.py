@@ -64,11 +64,21 @@ class XGBoostKind(ModelKind):
 
         return boosting_trainer("xgboost", "XGBoostTrainer")
 
-    def fit_shard(self, features, label, params, rounds) -> bytes:
+    def fit_shard(self, features, label, params, rounds, init=None, after_round=None
+                  ) -> bytes:
         import xgboost as xgb
 
+        callbacks = []
+        if after_round is not None:
+            class AfterRound(xgb.callback.TrainingCallback):
+                def after_iteration(self, model, epoch, evals_log) -> bool:
+                    after_round(lambda: bytes(model.save_raw("ubj")))
+                    return False
+
+            callbacks.append(AfterRound())
         dtrain = xgb.DMatrix(features, label=label, enable_categorical=True)
-        booster = xgb.train(params, dtrain, num_boost_round=rounds)
+        booster = xgb.train(params, dtrain, num_boost_round=rounds, callbacks=callbacks,
+                            xgb_model=None if init is None else bytearray(init))
         return bytes(booster.save_raw("ubj"))
 
     def fit_reporting(self, train, valid, params, rounds, task, report) -> None:

@@ -16,15 +16,23 @@ bayes``, ``trials`` settings asked of Optuna's seeded TPE sampler through Ray Tu
 ``OptunaSearch``), each a single-worker fit on the training rows that reports the
 validation loss after every boosting round, with the ASHA scheduler stopping the poor
 trials early; the best setting is then fitted data-parallel as above.
+
+A lost worker does not lose a fit: rank 0 reports the booster as a Ray Train checkpoint
+every ``training.large_segment_checkpoint_rounds`` rounds, and Ray Train restarts the
+workers (up to ``training.large_segment_max_failures`` times), which continue boosting
+the checkpoint's booster for the remaining rounds. Tune trials are retried as often, from
+their start.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 import logging
 import tempfile
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +74,7 @@ log = logging.getLogger(__name__)
 
 LABEL = "__label__"
 MODEL_FILE = "model.bin"
+ROUND_FILE = "round"
 
 
 def data_parallel(candidate: CandidateConfig) -> bool:
@@ -138,29 +147,75 @@ def worker_shard(config: dict) -> pd.DataFrame:
     return table.take(rows).to_pandas()
 
 
-def report_model(payload: bytes) -> None:
-    """Report the finished model once (rank 0 carries it as a checkpoint).
+def report_model(model: Callable[[], bytes], progress: dict[str, int]) -> None:
+    """Report the model so far with ``progress`` (rank 0 carries the model and its round
+    as a checkpoint); every worker calls this after the same rounds.
 
     Reporting after every boosting round, as Ray's callbacks do, costs a synchronisation
-    each round; one report at the end is all this path needs.
+    each round; every ``training.large_segment_checkpoint_rounds`` rounds and once at the
+    end is all this path needs.
     """
     import ray.train
 
     with tempfile.TemporaryDirectory() as directory:
         if ray.train.get_context().get_world_rank() == 0:
-            (Path(directory) / MODEL_FILE).write_bytes(payload)
-            ray.train.report({}, checkpoint=ray.train.Checkpoint.from_directory(directory))
+            (Path(directory) / MODEL_FILE).write_bytes(model())
+            (Path(directory) / ROUND_FILE).write_text(str(progress["round"]))
+            ray.train.report(progress, checkpoint=ray.train.Checkpoint.from_directory(directory))
         else:
-            ray.train.report({})
+            ray.train.report(progress)
+
+
+def resume_point() -> tuple[int, bytes | None]:
+    """The rounds done and the model of the fit's last checkpoint ((0, None) on a first
+    start; after Ray Train restarted the workers, where the lost ones were)."""
+    import ray.train
+
+    checkpoint = ray.train.get_checkpoint()
+    if checkpoint is None:
+        return 0, None
+    with checkpoint.as_directory() as directory:
+        return (int((Path(directory) / ROUND_FILE).read_text()),
+                (Path(directory) / MODEL_FILE).read_bytes())
+
+
+class Checkpoints:
+    """A kind's ``after_round``: counts the rounds from ``start`` and reports the model as a
+    checkpoint every ``every`` rounds (0: never) before the last."""
+
+    def __init__(self, start: int, rounds: int, every: int) -> None:
+        self.start, self.done, self.rounds, self.every = start, start, rounds, every
+
+    def __call__(self, model: Callable[[], bytes]) -> None:
+        self.done += 1
+        if self.every and self.done % self.every == 0 and self.done < self.rounds:
+            report_model(model, self.progress())
+
+    def progress(self) -> dict[str, int]:
+        """What every report carries: the rounds done, and the round this start began at."""
+        return {"round": self.done, "start": self.start}
+
+
+def resumable(kind: Any) -> bool:
+    """Whether the kind's ``fit_shard`` continues a model and reports its rounds."""
+    return {"init", "after_round"} <= set(inspect.signature(kind.fit_shard).parameters)
 
 
 def _train_worker(config: dict) -> None:
-    """Ray Train worker loop: the kind's fit on this worker's shard of the training rows."""
+    """Ray Train worker loop: the kind's fit on this worker's shard of the training rows,
+    continued from the last checkpoint when Ray Train restarted the workers."""
     frame = worker_shard(config)
     kind = kinds.of(config["candidate"])
     features = prepare_features(frame, config["meta"])
-    report_model(kind.fit_shard(features, frame[LABEL], on_device(kind, config["params"]),
-                                config["rounds"]))
+    rounds = config["rounds"]
+    start, payload = resume_point()
+    checkpoints = Checkpoints(start, rounds, config["every"])
+    if start < rounds:  # (a kind without checkpoints reports none: it starts over)
+        resume = {"init": payload, "after_round": checkpoints} if resumable(kind) else {}
+        payload = kind.fit_shard(features, frame[LABEL], on_device(kind, config["params"]),
+                                 rounds - start, **resume)
+    checkpoints.done = rounds
+    report_model(lambda: payload, checkpoints.progress())
 
 
 def fit_data_parallel(
@@ -175,18 +230,27 @@ def fit_data_parallel(
     params, rounds = kind.native_params(candidate.params, plan.task,
                                         len(meta.get("classes") or []))
     params["seed"] = stable_seed(plan.seed, candidate.name, "large")
+    training = config.training
     loop_config = {"params": params, "rounds": rounds, "meta": meta, "tables": tables,
-                   "candidate": candidate}
+                   "candidate": candidate, "every": training.large_segment_checkpoint_rounds}
     scaling = train_scaling(
-        num_workers=config.training.large_segment_workers,
+        num_workers=training.large_segment_workers,
         resources_per_worker=task_resources(candidate),
         use_gpu=needs_gpus(candidate),
     )
-    run = ray.train.RunConfig(storage_path=str(storage.resolve()),
-                              name=f"{candidate.name}-{uuid.uuid4().hex[:8]}")
+    run = ray.train.RunConfig(
+        storage_path=str(storage.resolve()), name=f"{candidate.name}-{uuid.uuid4().hex[:8]}",
+        # a lost worker: Ray Train restarts the workers, which resume from the checkpoint
+        failure_config=ray.train.FailureConfig(max_failures=training.large_segment_max_failures),
+        checkpoint_config=ray.train.CheckpointConfig(num_to_keep=1))
     trainer = kind.ray_trainer()(
         _train_worker, train_loop_config=loop_config, scaling_config=scaling, run_config=run)
-    with trainer.fit().checkpoint.as_directory() as directory:
+    result = trainer.fit()
+    if result.metrics.get("start"):
+        log.warning("%s: Ray Train restarted its workers after a failure; the fit resumed "
+                    "from its checkpoint at round %d of %d", candidate.name,
+                    result.metrics["start"], rounds)
+    with result.checkpoint.as_directory() as directory:
         return (Path(directory) / MODEL_FILE).read_bytes()
 
 
@@ -212,10 +276,11 @@ def task_resources(candidate: CandidateConfig) -> dict[str, float]:
 
 
 def tune_candidate(candidate: CandidateConfig, train_ref, valid_ref, meta: dict, plan: Plan,
-                   storage: Path) -> dict[str, Any]:
+                   storage: Path, max_failures: int = 0) -> dict[str, Any]:
     """Search the candidate's space on a large segment with Ray Tune and ASHA (the grid or
     random settings, or Optuna's TPE sampler through ``OptunaSearch`` for bayes); returns
-    the best setting (scikit-learn style parameters)."""
+    the best setting (scikit-learn style parameters). A trial whose worker is lost is run
+    again from its start, up to ``max_failures`` times."""
     from ray import tune
     from ray.tune.schedulers import ASHAScheduler
 
@@ -242,7 +307,8 @@ def tune_candidate(candidate: CandidateConfig, train_ref, valid_ref, meta: dict,
         tune_config=tune.TuneConfig(metric="loss", mode="min", scheduler=scheduler,
                                     search_alg=searcher, num_samples=samples),
         run_config=tune_run_config(storage_path=str(storage.resolve()), verbose=0,
-                                  name=f"tune-{candidate.name}-{uuid.uuid4().hex[:8]}"),
+                                  name=f"tune-{candidate.name}-{uuid.uuid4().hex[:8]}",
+                                  max_failures=max_failures),
     )
     best = tuner.fit().get_best_result(metric="loss", mode="min", scope="last")
     return best.config["setting"]
@@ -326,7 +392,8 @@ class LargeSegment(Unit):
         try:
             if candidate.search:
                 best = tune_candidate(candidate, train_ref, valid_ref, meta, plan,
-                                      self.run_dir / "ray_tune")
+                                      self.run_dir / "ray_tune",
+                                      self.config.training.large_segment_max_failures)
                 candidate = seg.replace_search(candidate, best)
             payload = fit_data_parallel(candidate, [train_ref], meta, plan, self.config,
                                         self.storage)
