@@ -7,8 +7,8 @@ SIGKILL, as the kernel's or Ray's out-of-memory killer does; ``hang`` sleeps for
 ``params["release"]`` exists; ``barrier`` blocks until ``params["parties"]`` jobs have
 each left a file in ``params["barrier"]`` (so concurrent jobs surely overlap).
 
-``LostWorkerXGBoost`` and ``LostWorkerLightGBM`` train on Ray Train, where their rank-0
-worker waits to be killed mid-fit, after a checkpoint.
+The lost-worker kinds of Ray Train are in ``wrappedkinds`` (this module is shipped with
+models as a kind=function module and must import without raybricks' own kinds).
 """
 
 from __future__ import annotations
@@ -23,9 +23,6 @@ import pandas as pd
 from sklearn.compose import ColumnTransformer
 from sklearn.linear_model import LinearRegression
 from sklearn.pipeline import make_pipeline
-
-from raybricks.kinds.lightgbm import LightGBMKind
-from raybricks.kinds.xgboost import XGBoostKind
 
 WAIT_LIMIT_S = 300  # a waiting fit gives up (and fails its segment) after this
 
@@ -73,50 +70,3 @@ def _wait_for(condition) -> None:
         if time.monotonic() > deadline:
             raise TimeoutError("waited too long")
         time.sleep(0.2)
-
-
-class LostWorker:
-    """A data-parallel kind whose rank-0 Ray Train worker, on the fit's first start, writes
-    its pid to ``params["pid_file"]`` after round ``params["stop_after"]`` (make it a
-    checkpoint round) and waits there to be killed; a start resuming from a checkpoint
-    writes the rounds it still fits to ``params["resumed_file"]``. Otherwise the kind."""
-
-    OWN = ("pid_file", "resumed_file", "stop_after")
-
-    def native_params(self, params, task, n_classes):
-        params = {name: value for name, value in params.items() if name not in self.OWN}
-        return super().native_params(params, task, n_classes)
-
-    def fit_shard(self, features, label, params, rounds, init=None, after_round=None):
-        import ray.train
-
-        own = self.candidate.params
-        if ray.train.get_context().get_world_rank() != 0:
-            pass
-        elif init is not None:
-            Path(own["resumed_file"]).write_text(str(rounds))
-        else:
-            after_round = _stop_after(after_round, own["stop_after"], Path(own["pid_file"]))
-        return super().fit_shard(features, label, params, rounds, init, after_round)
-
-
-class LostWorkerXGBoost(LostWorker, XGBoostKind):
-    name = "tests.faults.LostWorkerXGBoost"
-
-
-class LostWorkerLightGBM(LostWorker, LightGBMKind):
-    name = "tests.faults.LostWorkerLightGBM"
-
-
-def _stop_after(after_round, stop_after: int, pid_file: Path):
-    done = 0
-
-    def wrapped(model) -> None:
-        nonlocal done
-        after_round(model)
-        done += 1
-        if done == stop_after:
-            pid_file.write_text(str(os.getpid()))
-            _wait_for(lambda: False)  # until killed
-
-    return wrapped

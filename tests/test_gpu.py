@@ -34,9 +34,9 @@ GPU_JOB = """
                                 table.num_rows, table.schema, segments)
 
     models = [
-        {"name": "cpu", "kind": "tests.gpukinds.WhereFitted"},
-        {"name": "gpu", "kind": "tests.gpukinds.WhereFitted", "resources": {"num_gpus": 1}},
-        {"name": "xgb", "kind": "tests.gpukinds.RecordingXGBoost",
+        {"name": "cpu", "kind": "tests.wrappedkinds.WhereFitted"},
+        {"name": "gpu", "kind": "tests.wrappedkinds.WhereFitted", "resources": {"num_gpus": 1}},
+        {"name": "xgb", "kind": "tests.wrappedkinds.RecordingXGBoost",
          "params": {"n_estimators": 5}, "resources": {"num_gpus": 1}},
     ]
     def job(chosen):

@@ -277,8 +277,8 @@ def test_large_segment_goes_through_ray_train(ray_on_spark, spark, tmp_path):
 
 @pytest.mark.heavy
 @pytest.mark.topology
-@pytest.mark.parametrize("kind, lost", [("xgboost", "tests.faults.LostWorkerXGBoost"),
-                                        ("lightgbm", "tests.faults.LostWorkerLightGBM")])
+@pytest.mark.parametrize("kind, lost", [("xgboost", "tests.wrappedkinds.LostWorkerXGBoost"),
+                                        ("lightgbm", "tests.wrappedkinds.LostWorkerLightGBM")])
 def test_large_segment_resumes_from_its_checkpoint_when_a_ray_train_worker_dies(
     ray_on_spark, spark, tmp_path, caplog, kind, lost
 ):

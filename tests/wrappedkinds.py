@@ -1,13 +1,19 @@
-"""Kinds that record where they were fitted (the device raybricks told them, the GPUs
-their Ray task held), for the GPU tests. Apart from ``userkinds`` (whose module is shipped
-with models and must import without raybricks' own kinds)."""
+"""Test kinds built over raybricks' own kinds: kinds that record where they were fitted
+(the device raybricks told them, the GPUs their Ray task held), for the GPU tests, and
+kinds whose Ray Train worker waits to be killed mid-fit. Apart from ``userkinds`` and
+``faults`` (modules shipped with models, which must import without raybricks' kinds)."""
 
 from __future__ import annotations
+
+import os
+from pathlib import Path
 
 import numpy as np
 
 from raybricks.kinds import ModelKind, filled_input
+from raybricks.kinds.lightgbm import LightGBMKind
 from raybricks.kinds.xgboost import XGBoostKind
+from tests.faults import _wait_for
 
 
 def record_fit(candidate: str, device: str, tree_method: str | None = None) -> None:
@@ -78,3 +84,50 @@ class RecordingXGBoost(XGBoostKind):
         given = model.get_params()
         record_fit(self.candidate.name, given["device"] or "cpu", given["tree_method"])
         return model
+
+
+class LostWorker:
+    """A data-parallel kind whose rank-0 Ray Train worker, on the fit's first start, writes
+    its pid to ``params["pid_file"]`` after round ``params["stop_after"]`` (make it a
+    checkpoint round) and waits there to be killed; a start resuming from a checkpoint
+    writes the rounds it still fits to ``params["resumed_file"]``. Otherwise the kind."""
+
+    OWN = ("pid_file", "resumed_file", "stop_after")
+
+    def native_params(self, params, task, n_classes):
+        params = {name: value for name, value in params.items() if name not in self.OWN}
+        return super().native_params(params, task, n_classes)
+
+    def fit_shard(self, features, label, params, rounds, init=None, after_round=None):
+        import ray.train
+
+        own = self.candidate.params
+        if ray.train.get_context().get_world_rank() != 0:
+            pass
+        elif init is not None:
+            Path(own["resumed_file"]).write_text(str(rounds))
+        else:
+            after_round = _stop_after(after_round, own["stop_after"], Path(own["pid_file"]))
+        return super().fit_shard(features, label, params, rounds, init, after_round)
+
+
+class LostWorkerXGBoost(LostWorker, XGBoostKind):
+    name = "tests.wrappedkinds.LostWorkerXGBoost"
+
+
+class LostWorkerLightGBM(LostWorker, LightGBMKind):
+    name = "tests.wrappedkinds.LostWorkerLightGBM"
+
+
+def _stop_after(after_round, stop_after: int, pid_file: Path):
+    done = 0
+
+    def wrapped(model) -> None:
+        nonlocal done
+        after_round(model)
+        done += 1
+        if done == stop_after:
+            pid_file.write_text(str(os.getpid()))
+            _wait_for(lambda: False)  # until killed
+
+    return wrapped
