@@ -185,6 +185,7 @@ def test_02_shows_statuses_reasons_metrics_and_the_run_plots(spark, trained, wid
         assert base64.b64decode(png).startswith(b"\x89PNG")
 
 
+@pytest.mark.heavy  # scoring on every runtime: test_scoring; ~17 s
 def test_03_scores_every_row_three_ways_with_the_same_predictions(spark, trained):
     frame = helpers.shops().sample(frac=1.0, random_state=5).reset_index(drop=True)
     frame.loc[:9, "store"] = "brand-new"  # no model of its own: the fallback scores it

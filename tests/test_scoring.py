@@ -132,6 +132,7 @@ def pickled_by_sklearn(segments: Path, fake: str, monkeypatch) -> None:
     (segments / "manifest.json").write_text(json.dumps(manifest))
 
 
+@pytest.mark.heavy  # the version report is the same code on every runtime; ~40 s
 def test_score_reports_other_library_versions_once_on_the_driver(
         champion, tmp_path, monkeypatch):
     import mlflow
