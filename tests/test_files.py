@@ -59,7 +59,6 @@ def write_zip_files(root, frame: pd.DataFrame, fmt: str) -> None:
         (root / "zip=corrupt/part.parquet").write_bytes(b"PAR1 not a parquet file PAR1")
 
 
-@pytest.mark.topology
 @pytest.mark.parametrize("fmt,n", [
     ("csv", 100), ("parquet", 100),
     pytest.param("csv", 2000, marks=pytest.mark.heavy, id="csv-thousands"),  # ~25 s
@@ -118,7 +117,7 @@ def test_a_file_column_named_like_a_key_is_refused(spark, tmp_path):
         SegmentFiles(spark, f"{tmp_path}/{{zip}}/part.csv", "csv")
 
 
-@pytest.mark.topology
+@pytest.mark.topology  # the files read on executors in their own JVMs
 @pytest.mark.heavy  # ~40 s; the reading itself runs on every runtime (the tests above)
 def test_a_folder_of_files_trains_registers_and_scores_by_key(ray_on_spark, spark, tmp_path):
     from raybricks import score, train
