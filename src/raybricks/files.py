@@ -109,18 +109,12 @@ def _decode(path: Column) -> Column:
     return F.call_function("url_decode", F.regexp_replace(path, r"\+", "%2B"))
 
 
-def _decoded(name: str) -> Column:
-    from pyspark.sql import functions as F
-
-    return _decode(F.col(name))
-
-
 def _comparable(column: str) -> Column:
     """A decoded path with its scheme's slashes normalized (``file:///a`` = ``file:/a``),
     to compare Spark's listing with its metadata column."""
     from pyspark.sql import functions as F
 
-    return F.regexp_replace(_decoded(column), r"^([A-Za-z][A-Za-z0-9+.-]*):/+", "$1:/")
+    return F.regexp_replace(_decode(F.col(column)), r"^([A-Za-z][A-Za-z0-9+.-]*):/+", "$1:/")
 
 
 @dataclass(frozen=True)
@@ -160,7 +154,7 @@ class SegmentFiles:
         """The key columns cut from the file path column."""
         from pyspark.sql import functions as F
 
-        decoded = _decoded(FILE)
+        decoded = _decode(F.col(FILE))
         return [F.regexp_extract(decoded, self.regex, i + 1).alias(name)
                 for i, name in enumerate(self.keys)]
 

@@ -368,8 +368,9 @@ def train_segments(
                         segmented.num_rows)
     plan = shared.plan
     if absent:
-        skipped = [SegmentResult(key, status=SKIPPED, reason=why) for key, why in absent]
-        Outcome.of(results_table(skipped, plan), pa.table({})).write(run_dir, "part-absent")
+        keys, reasons = zip(*absent, strict=True)
+        Outcome.of(failed_rows(keys, plan, list(reasons), SKIPPED), pa.table({})).write(
+            run_dir, "part-absent")
     previous = read_parts(run_dir / "results", plan.segment_by) if config.training.resume \
         else pa.table({})
     bounds = segmented.segments
@@ -570,11 +571,13 @@ def lost_reason(exc: Exception) -> str:
     return f"worker lost after retries ({type(exc).__name__}): {first}"
 
 
-def failed_rows(keys: Iterable[tuple], plan: Plan, reason: str | list[str]) -> pa.Table:
-    """``failed`` result rows for these segments, with one reason or one each."""
+def failed_rows(keys: Iterable[tuple], plan: Plan, reason: str | list[str],
+                status: str = FAILED) -> pa.Table:
+    """``failed`` (or ``status``) result rows for these segments, with one reason or one
+    each."""
     keys = list(keys)
     reasons = [reason] * len(keys) if isinstance(reason, str) else reason
-    return results_table([SegmentResult(key, status=FAILED, reason=why)
+    return results_table([SegmentResult(key, status=status, reason=why)
                           for key, why in zip(keys, reasons, strict=True)], plan)
 
 
