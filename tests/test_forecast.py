@@ -763,6 +763,7 @@ def test_forecast_command_writes_every_segment_horizon(published, spark, tmp_pat
                  spark=spark)
 
 
+@pytest.mark.heavy
 def test_forecast_and_score_name_the_segments_they_cannot_serve(ray_on_spark, spark,
                                                                 tmp_path, capsys):
     rng = np.random.default_rng(8)
@@ -893,6 +894,7 @@ def typed_stores(seed: int = 5) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True)
 
 
+@pytest.mark.heavy
 def test_global_model_learns_across_series_from_static_columns(ray_on_spark, spark,
                                                                 tmp_path):
     data = typed_stores()

@@ -62,6 +62,7 @@ def requirements_of(model_uri: str, tmp_path: Path) -> list[str]:
     return Path(path).read_text().split()
 
 
+@pytest.mark.heavy
 def test_catboost_is_a_kind_that_beats_the_baseline_and_serves_without_raybricks(
         shops_ds, tmp_path):
     config = job(tmp_path, models=CATBOOST, registry={"name": "tests.kinds.catboost"})

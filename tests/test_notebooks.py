@@ -244,6 +244,7 @@ training: {progress: false}
 """
 
 
+@pytest.mark.heavy
 def test_05_trains_forecasters_and_writes_every_series_forecast(spark, ray_address,
                                                                   tmp_path):
     import mlflow

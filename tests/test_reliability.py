@@ -51,6 +51,7 @@ def statuses(result) -> pd.DataFrame:
 # --------------------------------------------------------------------------- faults
 
 
+@pytest.mark.heavy
 def test_faulty_segments_fail_alone_and_the_rest_of_their_block_trains(
         ray_on_spark, spark, tmp_path):
     """One block holds a segment whose fit hangs, one that kills its worker every time,
@@ -353,6 +354,7 @@ def stored_location(source: str) -> str:
     return source
 
 
+@pytest.mark.heavy
 def test_mlflow_failing_mid_registration_leaves_nothing_and_the_retry_succeeds(
         small_result, tmp_path):
     from mlflow import MlflowClient

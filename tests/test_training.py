@@ -277,8 +277,10 @@ def test_large_segment_goes_through_ray_train(ray_on_spark, spark, tmp_path):
 
 @pytest.mark.heavy
 @pytest.mark.parametrize("kind, lost", [
-    # on the multi-executor Spark too (Ray on Spark's cluster path), once: ~85 s a kind
-    pytest.param("xgboost", "tests.wrappedkinds.LostWorkerXGBoost", marks=pytest.mark.topology),
+    # XGBoost on the multi-executor Spark only (Ray on Spark's cluster path), LightGBM in
+    # local mode: ~80 s a run
+    pytest.param("xgboost", "tests.wrappedkinds.LostWorkerXGBoost",
+                 marks=[pytest.mark.topology, pytest.mark.cluster_only]),
     ("lightgbm", "tests.wrappedkinds.LostWorkerLightGBM")])
 def test_large_segment_resumes_from_its_checkpoint_when_a_ray_train_worker_dies(
     ray_on_spark, spark, tmp_path, caplog, kind, lost
