@@ -76,6 +76,8 @@ def times_of(values: pd.Series | np.ndarray, frequency: str | int) -> pd.Index:
     if isinstance(frequency, int):
         return pd.Index(np.asarray(values, dtype="float64").astype("int64"))
     values = pd.Series(values)
+    if isinstance(values.dtype, np.dtype) and values.dtype.kind == "M":  # already naive
+        return pd.DatetimeIndex(values)
     if pd.api.types.is_numeric_dtype(values.dtype):
         return pd.Index(pd.to_datetime(values.to_numpy(dtype="float64"), unit="s"))
     stamps = pd.to_datetime(values)
@@ -195,6 +197,21 @@ class ForecastKind(StoredKind):
                    threads: int, spec: ForecastSpec) -> Any:
         """A model fitted on one series (``history``: ``ds``, ``y``, exogenous)."""
         raise NotImplementedError
+
+    def backtest(self, params: dict[str, Any], frame: pd.DataFrame, origins: list[int],
+                 seed: int, threads: int, spec: ForecastSpec) -> np.ndarray:
+        """The forecasts of the backtest windows of one series (``frame``: its whole
+        history), concatenated: each window's model fitted on the periods before its
+        origin, forecasting the ``spec.horizon`` periods from it. A kind with a faster way
+        to fit and forecast at once overrides it (the statistical kinds)."""
+        horizon = spec.horizon
+        inputs = [position for position, name in enumerate(frame.columns) if name != TARGET]
+        parts = []
+        for origin in origins:
+            model = self.fit_series(params, frame.iloc[:origin], seed, threads, spec)
+            future = frame.iloc[origin:origin + horizon, inputs].reset_index(drop=True)
+            parts.append(self.forecast(model, future, spec))
+        return np.concatenate(parts)
 
     def forecast(self, model: Any, future: pd.DataFrame, spec: ForecastSpec) -> np.ndarray:
         """The fitted model's values for the periods of ``future`` (the stored half's

@@ -58,6 +58,23 @@ class StatsForecastKind(ForecastKind):
         X = future[exogenous].to_numpy(dtype="float64") if exogenous else None
         return np.asarray(model.predict(h=len(future), X=X)["mean"], dtype="float64")
 
+    def backtest(self, params, frame, origins, seed, threads, spec) -> np.ndarray:
+        """Every window through the model's own ``forecast`` (fit and forecast at once,
+        on arrays: what statsforecast's cross-validation calls), where it has one."""
+        build = model_class(self.candidate.estimator)
+        if not callable(getattr(build, "forecast", None)):
+            return super().backtest(params, frame, origins, seed, threads, spec)
+        horizon, exogenous = spec.horizon, spec.exogenous
+        y = frame[TARGET].to_numpy(dtype="float64")
+        X = frame[exogenous].to_numpy(dtype="float64") if exogenous else None
+        parts = []
+        for origin in origins:
+            found = build(**params).forecast(
+                y=y[:origin], h=horizon, X=None if X is None else X[:origin],
+                X_future=None if X is None else X[origin:origin + horizon])
+            parts.append(np.asarray(found["mean"], dtype="float64"))
+        return np.concatenate(parts)
+
     def fit_series(self, params, history: pd.DataFrame, seed, threads, spec) -> Any:
         exogenous = spec.exogenous
         X = history[exogenous].to_numpy(dtype="float64") if exogenous else None

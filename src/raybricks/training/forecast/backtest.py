@@ -72,18 +72,6 @@ def baselines(spec: ForecastSpec) -> list[CandidateConfig]:
 NAIVE = CandidateConfig(name="baseline", kind="statsforecast", estimator="Naive")
 
 
-def backtest(kind: kinds.ForecastKind, params: dict[str, Any], series: Series,
-             origins: list[int], seed: int, plan: Plan) -> np.ndarray:
-    """The forecasts of every backtest window, concatenated."""
-    spec, horizon = plan.forecast, plan.forecast.horizon
-    parts = []
-    for origin in origins:
-        model = kind.fit_series(params, series.frame.iloc[:origin], seed, plan.threads, spec)
-        future = series.frame.iloc[origin:origin + horizon].drop(columns=TARGET)
-        parts.append(kind.forecast(model, future.reset_index(drop=True), spec))
-    return np.concatenate(parts)
-
-
 def backtest_candidate(series: Series, candidate: CandidateConfig, plan: Plan, key: tuple,
              origins: list[int], actual: np.ndarray, divisor: float) -> Evaluation:
     """The settings of a candidate (grid, random draws or bayes: ``search.search_best``),
@@ -94,7 +82,8 @@ def backtest_candidate(series: Series, candidate: CandidateConfig, plan: Plan, k
     seed = stable_seed(plan.seed, key, candidate.name, "fit")
 
     def fit(params: dict[str, Any]) -> Evaluation:
-        predictions = backtest(kind, params, series, origins, seed, plan) / divisor
+        predictions = kind.backtest(params, series.frame, origins, seed, plan.threads,
+                                   plan.forecast) / divisor
         if not np.isfinite(predictions).all():
             raise ValueError("the forecast has missing or infinite values")
         return Evaluation(candidate, params, metric.score(actual, predictions), predictions)

@@ -90,6 +90,52 @@ def clean_series(data: pd.DataFrame, plan: Plan) -> Series:
     cannot be backtested as configured (constant, too short, ...)."""
     spec = plan.forecast
     exogenous = spec.exogenous
+    frame, notes = on_grid(data, plan)
+    if spec.holidays:
+        replace = near_holidays(frame[TIME], spec.holidays)
+        if replace.any():
+            frame[TARGET] = seasonal_fill(frame[TARGET].to_numpy(dtype="float64"), replace,
+                                          periods_per_week(spec.frequency))
+            notes.append(f"holidays replaced: {int(replace.sum())} period(s) near holidays "
+                         "(by the same weekday and time of the nearest weeks)")
+    if exogenous:
+        frame[exogenous] = frame[exogenous].ffill().bfill()
+        if frame[exogenous].isna().any(axis=None):
+            raise Skip(f"exogenous column(s) {exogenous} have no value in this series")
+    y = frame[TARGET].to_numpy(dtype="float64")
+    series = Series(frame, notes, static_values(data, plan))
+    if y.min() == y.max():
+        raise Unfit(f"constant series: every value is {float(y[0])!r}", series)
+    if spec.transform == "log1p" and y.min() < 0:
+        raise Unfit("negative values with forecast.transform=log1p", series)
+    end = spec.end
+    if end is not None:
+        end = latest_period(end, spec.frequency)
+        last = frame[TIME].iloc[-1]
+        behind = len(grid_between(last, end, spec) if last < end else []) - 1
+        if behind > 0:
+            notes.append(f"ended early: last value {behind} period(s) before the latest "
+                         "series' end (its forecasts start after its own last date)")
+    zeros = float(np.mean(y == 0))
+    if zeros >= INTERMITTENT_ZEROS:
+        notes.append(f"intermittent: {zeros:.0%} of periods are zero")
+    needed = minimum_length(spec, plan.min_rows)
+    if len(y) < needed:
+        raise Unfit(f"short series: {len(y)} periods; a backtest of {spec.windows} "
+                    f"window(s) of {spec.horizon} needs at least {needed}", series,
+                    short=True)
+    return series
+
+
+def on_grid(data: pd.DataFrame, plan: Plan) -> tuple[pd.DataFrame, list[str]]:
+    """``clean_series``' first steps: the rows on the frequency's grid (``ds``, ``y``,
+    exogenous), one per period from the first value to the last, gaps filled as
+    ``forecast.gaps`` says; and the notes saying what was done."""
+    spec = plan.forecast
+    exogenous = spec.exogenous
+    frame = regular_rows(data, plan)
+    if frame is not None:
+        return frame, []
     frame = dated_rows(data, plan, exogenous)
     if frame.empty:
         raise Skip("no dates: the time column is null in every row")
@@ -111,8 +157,9 @@ def clean_series(data: pd.DataFrame, plan: Plan) -> Series:
     if grid is None:
         raise Skip(f"dates do not follow frequency {spec.frequency!r}: they are not every "
                    f"period from {first} (set forecast.frequency to the data's)")
-    frame = frame.set_index(TIME).reindex(grid).rename_axis(TIME).reset_index()
-    gaps = int(frame[TARGET].isna().sum())
+    if len(grid) != len(frame):
+        frame = frame.set_index(TIME).reindex(grid).rename_axis(TIME).reset_index()
+    gaps = int(np.isnan(frame[TARGET].to_numpy()).sum())
     if gaps:
         if spec.gaps == "skip":
             raise Skip(f"gaps: {gaps} of {len(frame)} periods have no value (set "
@@ -120,39 +167,38 @@ def clean_series(data: pd.DataFrame, plan: Plan) -> Series:
         filled = frame[TARGET].fillna(0.0) if spec.gaps == "zero" else frame[TARGET].ffill()
         frame[TARGET] = filled
         notes.append(f"gaps filled: {gaps} period(s) ({spec.gaps})")
-    if spec.holidays:
-        replace = near_holidays(frame[TIME], spec.holidays)
-        if replace.any():
-            frame[TARGET] = seasonal_fill(frame[TARGET].to_numpy(dtype="float64"), replace,
-                                          periods_per_week(spec.frequency))
-            notes.append(f"holidays replaced: {int(replace.sum())} period(s) near holidays "
-                         "(by the same weekday and time of the nearest weeks)")
-    if exogenous:
-        frame[exogenous] = frame[exogenous].ffill().bfill()
-        if frame[exogenous].isna().any(axis=None):
-            raise Skip(f"exogenous column(s) {exogenous} have no value in this series")
-    y = frame[TARGET].to_numpy(dtype="float64")
-    series = Series(frame, notes, static_values(data, plan))
-    if y.min() == y.max():
-        raise Unfit(f"constant series: every value is {float(y[0])!r}", series)
-    if spec.transform == "log1p" and y.min() < 0:
-        raise Unfit("negative values with forecast.transform=log1p", series)
-    end = spec.end
-    if end is not None:
-        end = times_of(pd.Series([end]), spec.frequency)[0]
-        behind = len(grid_between(last, end, spec) if last < end else []) - 1
-        if behind > 0:
-            notes.append(f"ended early: last value {behind} period(s) before the latest "
-                         "series' end (its forecasts start after its own last date)")
-    zeros = float(np.mean(y == 0))
-    if zeros >= INTERMITTENT_ZEROS:
-        notes.append(f"intermittent: {zeros:.0%} of periods are zero")
-    needed = minimum_length(spec, plan.min_rows)
-    if len(y) < needed:
-        raise Unfit(f"short series: {len(y)} periods; a backtest of {spec.windows} "
-                    f"window(s) of {spec.horizon} needs at least {needed}", series,
-                    short=True)
-    return series
+    return frame, notes
+
+
+def regular_rows(data: pd.DataFrame, plan: Plan) -> pd.DataFrame | None:
+    """The rows as they are where they already are a series on the grid (every period
+    once, in time order, each with a value: the common case, without pandas'
+    reindexing); None otherwise."""
+    spec = plan.forecast
+    step = fixed_step(spec.frequency)
+    times = data[plan.time_column]
+    kind = times.dtype.kind if isinstance(times.dtype, np.dtype) else ""
+    if step is None or len(times) < 2 or kind not in ("M" if isinstance(spec.frequency, str)
+                                                      else "iu"):
+        return None
+    values = times.to_numpy()
+    ticks = values.astype("datetime64[ns]").view("int64") if kind == "M" else values
+    if not (np.diff(ticks) == step).all():
+        return None
+    if kind == "M" and not pd.tseries.frequencies.to_offset(spec.frequency).is_on_offset(
+            pd.Timestamp(values[0])):
+        return None
+    target = numbers(data[plan.target])
+    if not np.isfinite(target).all():
+        return None
+    return pd.DataFrame({TIME: times_of(times, spec.frequency), TARGET: target,
+                         **{column: numbers(data[column]) for column in spec.exogenous}})
+
+
+@lru_cache(maxsize=8)
+def latest_period(end: Any, frequency: str | int) -> Any:
+    """The job's latest period (``ForecastSpec.end``) as a series' times hold it."""
+    return times_of(pd.Series([end]), frequency)[0]
 
 
 def one_row_per_date(frame: pd.DataFrame, spec: ForecastSpec
@@ -255,15 +301,35 @@ def static_values(data: pd.DataFrame, plan: Plan) -> dict[str, Any]:
     return values
 
 
+def numbers(values: pd.Series) -> np.ndarray:
+    """A column as float64 (NaN where missing or not a number)."""
+    if pd.api.types.is_float_dtype(values.dtype):
+        return values.to_numpy(dtype="float64")
+    return pd.to_numeric(values, errors="coerce").to_numpy(dtype="float64", na_value=np.nan)
+
+
 def dated_rows(data: pd.DataFrame, plan: Plan, columns: list[str]) -> pd.DataFrame:
     """The segment's rows with a date, in time order: ``ds``, ``y`` and ``columns`` as
     numbers (NaN where missing; an infinite target too)."""
-    target = pd.to_numeric(data[plan.target], errors="coerce").astype("float64")
-    frame = pd.DataFrame({TIME: times_of(data[plan.time_column], plan.forecast.frequency),
-                          TARGET: target.where(np.isfinite(target)).to_numpy()})
-    for column in columns:
-        frame[column] = pd.to_numeric(data[column], errors="coerce").to_numpy()
-    return frame[frame[TIME].notna()].sort_values(TIME, kind="stable")
+    times = times_of(data[plan.time_column], plan.forecast.frequency)
+    target = numbers(data[plan.target])
+    target[~np.isfinite(target)] = np.nan
+    frame = pd.DataFrame({TIME: times, TARGET: target,
+                          **{column: numbers(data[column]) for column in columns}})
+    dated = ~np.asarray(times.isna())
+    if not dated.all():
+        frame = frame[dated]
+    if not frame[TIME].is_monotonic_increasing:
+        frame = frame.sort_values(TIME, kind="stable")
+    return frame.reset_index(drop=True)
+
+
+def block_times(frame: pd.DataFrame, plan: Plan) -> pd.DataFrame:
+    """A block's rows with its time column converted once (``times_of``), so that each
+    series' cleaning does not convert its own."""
+    column = plan.time_column
+    return frame.assign(**{column: np.asarray(times_of(frame[column],
+                                                       plan.forecast.frequency))})
 
 
 def grid_between(first: Any, last: Any, spec: ForecastSpec) -> pd.Index | None:
@@ -279,8 +345,31 @@ def grid_of(times: pd.Series | pd.Index, spec: ForecastSpec) -> pd.Index | None:
     """Every period from the first of ``times`` (sorted) to the last; None when one of
     them is off that grid."""
     times = pd.Index(times)
+    step = fixed_step(spec.frequency)
+    if step is not None and len(times) > 1 and (
+            np.diff(times.asi8 if isinstance(times, pd.DatetimeIndex) else times) == step).all():
+        first = times[0]  # every period, once: the grid itself (if the first is on it)
+        if isinstance(spec.frequency, int) or pd.tseries.frequencies.to_offset(
+                spec.frequency).is_on_offset(first):
+            return times
     grid = grid_between(times[0], times[-1], spec)
     return None if grid is None or grid.get_indexer(times).min() < 0 else grid
+
+
+@lru_cache(maxsize=64)
+def fixed_step(frequency: str | int) -> int | None:
+    """The step between two periods of ``frequency`` in the times' integer unit
+    (nanoseconds for dates), where it is fixed (D, h, W-SUN, an integer step); None
+    where it varies (MS, ME, B, ...)."""
+    if isinstance(frequency, int):
+        return frequency
+    offset = pd.tseries.frequencies.to_offset(frequency)
+    if isinstance(offset, pd.offsets.Week) and offset.n == 1:  # W-SUN: anchored, 7 days
+        return 7 * 86_400 * 10**9
+    try:
+        return int(offset.nanos)
+    except ValueError:
+        return None
 
 
 def frequency_problem(times: dict[tuple, pd.Index], spec: ForecastSpec) -> str | None:

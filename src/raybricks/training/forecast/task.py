@@ -26,7 +26,7 @@ from raybricks.results import FAILED, TRAINED, keep_fallback
 from raybricks.training.forecast import global_model
 from raybricks.training.forecast.backtest import baselines, train_series
 from raybricks.training.forecast.global_model import GLOBAL_ROWS
-from raybricks.training.forecast.series import answered, forecast_spec
+from raybricks.training.forecast.series import answered, block_times, forecast_spec
 from raybricks.training.plan import (
     Plan,
     SegmentTrainer,
@@ -174,6 +174,7 @@ class ForecastTask:
 
     def trainer(self, frame: pd.DataFrame, todo: list, plan: Plan,
                 found: list[dict] | None = None) -> SegmentTrainer:
+        frame = block_times(frame, plan)
         # the global model's backtests of every series of the block, in one pass
         batched = (global_model.block_backtests(frame, todo, plan)
                    if plan.global_members else {})
