@@ -1,0 +1,67 @@
+"""The forecasting fast paths give what the general ones give: statistical candidates
+backtested through their models' own ``forecast``, series already on their grid taken as
+they are, and lag candidates backtested for a whole block at once."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from raybricks import kinds
+from raybricks.config import CandidateConfig
+from raybricks.kinds.forecasting import ForecastKind
+from raybricks.training.forecast.series import block_times, clean_series, windows
+from tests.test_forecast import plan_for
+
+STATISTICAL = [("Naive", {}), ("SeasonalNaive", {"season_length": 7}),
+               ("WindowAverage", {"window_size": 7}),
+               ("SeasonalWindowAverage", {"season_length": 7, "window_size": 2}),
+               ("SimpleExponentialSmoothing", {"alpha": 0.3}), ("HistoricAverage", {}),
+               ("SeasonalExponentialSmoothing", {"season_length": 7, "alpha": 0.2}),
+               ("CrostonClassic", {}), ("ADIDA", {}), ("IMAPA", {}),
+               ("AutoETS", {"season_length": 7}), ("AutoARIMA", {"season_length": 7})]
+
+
+def daily(store: str, n: int, seed: int, start: str = "2024-01-01", **columns) -> pd.DataFrame:
+    rng = np.random.default_rng(seed)
+    t = np.arange(n)
+    sales = 30 + 0.05 * t + 8 * np.sin(2 * np.pi * t / 7) + rng.normal(0, 3, n)
+    return pd.DataFrame({"store": store, "day": pd.date_range(start, periods=n, freq="D"),
+                         "sales": np.maximum(sales, 0), **columns})
+
+
+@pytest.mark.parametrize("estimator, params", STATISTICAL)
+def test_statistical_backtests_through_forecast_equal_fit_then_predict(tmp_path, estimator,
+                                                                       params):
+    data = daily("a", 120, 0)
+    data["promo"] = (np.arange(120) % 5 == 0).astype(float)
+    exogenous = estimator == "AutoARIMA"  # a model that reads exogenous columns
+    plan = plan_for(data, tmp_path, forecast={
+        "horizon": 7, "frequency": "D", "exogenous": ["promo"] if exogenous else []})
+    series = clean_series(data, plan)
+    origins = windows(len(series.frame), plan.forecast)
+    kind = kinds.forecaster(CandidateConfig(name="m", kind="statsforecast",
+                                            estimator=estimator, params=params))
+    fast = kind.backtest(params, series.frame, origins, 0, 1, plan.forecast)
+    general = ForecastKind.backtest(kind, params, series.frame, origins, 0, 1, plan.forecast)
+    assert fast.shape == (len(origins) * 7,) and np.isfinite(fast).all()
+    np.testing.assert_allclose(fast, general, rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize("frequency, step", [("D", "D"), ("W-SUN", "W-SUN"), ("h", "h"),
+                                             ("MS", "MS"), (1, None)])
+def test_series_on_their_grid_are_cleaned_as_the_general_path_cleans_them(tmp_path,
+                                                                          frequency, step):
+    n = 150
+    if step is None:
+        times = np.arange(100, 100 + n)
+    else:
+        times = pd.date_range("2024-01-07", periods=n, freq=step)
+    data = pd.DataFrame({"store": "a", "day": times, "sales": np.arange(n) % 9 + 1.0})
+    plan = plan_for(data, tmp_path, forecast={"horizon": 3, "frequency": frequency})
+    shuffled = data.sample(frac=1, random_state=0)  # out of order: the general path
+    fast = clean_series(block_times(data, plan), plan)
+    general = clean_series(shuffled, plan)
+    pd.testing.assert_frame_equal(fast.frame, general.frame, check_index_type=False)
+    assert fast.notes == general.notes
