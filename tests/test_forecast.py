@@ -17,7 +17,7 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
-from raybricks import metrics, tracking
+from raybricks import kinds, metrics, tracking
 from raybricks.cli import main
 from raybricks.config import JobConfig, SourceConfig
 from raybricks.data import to_ray_dataset
@@ -35,8 +35,14 @@ from raybricks.scoring import (
 )
 from raybricks.segmented_model import SegmentModel
 from raybricks.training import train_segments
-from raybricks.training.forecast.backtest import backtestable, cross_selected_errors, train_series
+from raybricks.training.forecast.backtest import (
+    backtestable,
+    block_made,
+    cross_selected_errors,
+    train_series,
+)
 from raybricks.training.forecast.series import clean_series, periods_per_week, scale, windows
+from raybricks.training.plan import stable_seed
 from raybricks.training.selection import Evaluation
 from raybricks.training.tasks import make_plan
 from tests.test_registry import BLOCK_RAYBRICKS
@@ -988,7 +994,8 @@ def test_the_global_backtest_of_a_block_is_each_series_own(tmp_path):
     assert error is None
     plan = replace_plan(plan, global_members=models[:-1], global_token="block-backtests")
     frame, bounds = data.reset_index(drop=True), list(segment_bounds(block, ["store"]))
-    batched = gf.block_backtests(frame, bounds, plan)
+    made = block_made(frame, bounds, plan)
+    batched = {key: m.global_backtest for key, m in made.items()}
     # one prediction per window for the block: each series' forecasts as its own, the
     # series too short for the backtest left to their own training
     assert set(batched) == {key for key, _, _ in bounds} - {("short",), ("shorter",)}
@@ -1009,6 +1016,13 @@ def test_the_global_backtest_of_a_block_is_each_series_own(tmp_path):
         alone = gf.backtest_global(own, plan, origins, actual, 1.0)
         assert alone.error is None
         np.testing.assert_allclose(batched[key], alone.predictions, rtol=1e-9)
+        # the lag candidate's backtest, made for the whole block in one recursion a
+        # window, is the series' own backtest alone
+        lag = kinds.forecaster(plan.candidates[0])
+        seed = stable_seed(plan.seed, key, "lgbm", "fit")
+        own_backtest = lag.backtest(plan.candidates[0].params, own.frame, origins, seed,
+                                    plan.threads, plan.forecast)
+        np.testing.assert_allclose(made[key].forecasts["lgbm"], own_backtest, rtol=1e-9)
 
 
 def test_a_global_model_that_cannot_fit_says_why(tmp_path):

@@ -314,6 +314,17 @@ class ModelKind(StoredKind):
             return np.asarray(model.predict_proba(X), dtype="float64")
         return np.asarray(model.predict(X), dtype="float64").reshape(-1)
 
+    def row_predictor(self, model: Any, meta: dict[str, Any]
+                      ) -> Callable[[np.ndarray], np.ndarray]:
+        """A fitted regression model as a function of a few rows of numeric features
+        (float64, ``meta["features"]`` in order, NaN for missing): what lag models'
+        recursion calls for each series at each step, one row at a time. Override it
+        where the library has a cheaper call for a few rows than ``predict`` (LightGBM's
+        booster); it must give ``predict``'s values."""
+        columns = meta["features"]
+        return lambda rows: self.predict(
+            model, self.model_input(pd.DataFrame(rows, columns=columns), meta), "regression")
+
     # -- data-parallel training (data_parallel = True)
 
     def native_params(self, params: dict[str, Any], task: str, n_classes: int

@@ -213,6 +213,14 @@ class ForecastKind(StoredKind):
             parts.append(self.forecast(model, future, spec))
         return np.concatenate(parts)
 
+    def backtest_many(self, params: dict[str, Any], frames: list[pd.DataFrame],
+                      origins: list[list[int]], seeds: list[int], threads: int,
+                      spec: ForecastSpec) -> list[np.ndarray] | None:
+        """``backtest`` of many series at once (``frames``, each with its windows'
+        ``origins`` and its seed), where the kind has a faster way than one series at a
+        time; None (the default): each series alone."""
+        return None
+
     def forecast(self, model: Any, future: pd.DataFrame, spec: ForecastSpec) -> np.ndarray:
         """The fitted model's values for the periods of ``future`` (the stored half's
         ``forecast_loaded``, given the meta keys a stored member has of the spec)."""

@@ -96,6 +96,27 @@ def memory(spec: ForecastSpec) -> int:
     return max(spec.lags + [spec.rolling_lag + w for w in windows]) + 1
 
 
+class SeriesRegressors:
+    """Each series' own regressor as the one regressor mlforecast's recursion calls once a
+    step for every series: row k of a step's features is series k's (``regressors`` in
+    the order of the forecaster's ``ts.uids``)."""
+
+    def __init__(self, regressors: list[KindRegressor]) -> None:
+        self.meta = regressors[0].meta  # the same features for every series
+        if self.meta["categorical"]:  # rows of strings: each series' regressor as it is
+            self.predictors = [lambda rows, r=r: r.predict(rows) for r in regressors]
+        else:
+            self.predictors = [r.kind.row_predictor(r.model, r.meta) for r in regressors]
+
+    def predict(self, X: pd.DataFrame) -> np.ndarray:
+        if len(X) != len(self.predictors):
+            raise ValueError(f"{len(X)} rows for {len(self.predictors)} series' regressors")
+        rows = X if self.meta["categorical"] else prepare_features(X, self.meta).to_numpy(
+            dtype="float64")
+        return np.concatenate([np.asarray(predict(rows[k:k + 1]), dtype="float64").reshape(-1)
+                               for k, predict in enumerate(self.predictors)])
+
+
 @dataclass
 class Continued:
     """The global lag model forecasting one series: ``history``, that series' last
@@ -175,22 +196,65 @@ class LagsKind(ForecastKind):
     def fit_series(self, params, history, seed, threads, spec) -> Any:
         return self.fit_many(params, history.assign(**{ID: 0}), seed, threads, spec)
 
-    def fit_many(self, params: dict[str, Any], frame: pd.DataFrame, seed: int, threads: int,
-                 spec: ForecastSpec, static: list[str] | None = None) -> Any:
-        """One model over the series of ``frame`` (``unique_id``, ``ds``, ``y``, exogenous
-        and ``static`` columns)."""
+    def forecaster(self, params: dict[str, Any], seed: int, threads: int,
+                   spec: ForecastSpec) -> Any:
+        """An unfitted ``MLForecast`` of the spec's features with this kind's regressor."""
         from mlforecast import MLForecast
 
-        forecaster = MLForecast(
+        return MLForecast(
             models={MODEL: KindRegressor(self.regressor(self.candidate), params, seed,
                                          threads)},
             freq=spec.frequency, lags=spec.lags, lag_transforms=lag_transforms(spec),
             date_features=spec.date_features or None,
             target_transforms=target_transforms(spec))
+
+    def fit_many(self, params: dict[str, Any], frame: pd.DataFrame, seed: int, threads: int,
+                 spec: ForecastSpec, static: list[str] | None = None) -> Any:
+        """One model over the series of ``frame`` (``unique_id``, ``ds``, ``y``, exogenous
+        and ``static`` columns)."""
         direct = spec.strategy == "direct"
-        return forecaster.fit(frame, static_features=list(static or []),
-                              keep_last_n=memory(spec), cache_train_df=False,
-                              max_horizon=spec.horizon if direct else None)
+        return self.forecaster(params, seed, threads, spec).fit(
+            frame, static_features=list(static or []), keep_last_n=memory(spec),
+            cache_train_df=False, max_horizon=spec.horizon if direct else None)
+
+    def backtest_many(self, params: dict[str, Any], frames: list[pd.DataFrame],
+                      origins: list[list[int]], seeds: list[int], threads: int,
+                      spec: ForecastSpec) -> list[np.ndarray] | None:
+        """Recursive lag models: the backtests of many series at once, each series' own
+        model in each window (fitted on that series' rows of one feature table made for
+        all of them, with its own seed) and one recursion per window over every series,
+        each step's rows predicted by their series' own regressor: the same forecasts as
+        ``backtest`` of each series alone, without mlforecast's per-call set-up for each.
+        None with the direct strategy (one model per step: each series alone)."""
+        if spec.strategy == "direct":
+            return None
+        horizon, exogenous = spec.horizon, spec.exogenous
+        paths: list[np.ndarray] = []
+        for window in range(len(origins[0])):
+            cuts = [o[window] for o in origins]
+            histories = pd.concat([f.iloc[:cut].assign(**{ID: k})
+                                   for k, (f, cut) in enumerate(zip(frames, cuts, strict=True))],
+                                  ignore_index=True)
+            forecaster = self.forecaster(params, seeds[0], threads, spec)
+            prepared = forecaster.preprocess(histories, static_features=[],
+                                             keep_last_n=memory(spec))
+            features = forecaster.ts.features_order_
+            ids = prepared[ID].to_numpy()
+            fitted = {}
+            for k, seed in enumerate(seeds):
+                rows = prepared[ids == k]
+                fitted[k] = KindRegressor(self.regressor(self.candidate), params, seed,
+                                          threads).fit(rows[features].reset_index(drop=True),
+                                                       rows["y"].to_numpy())
+            forecaster.models_ = {MODEL: SeriesRegressors([fitted[k]
+                                                           for k in forecaster.ts.uids])}
+            futures = pd.concat([f.iloc[cut:cut + horizon].assign(**{ID: k})
+                                 for k, (f, cut) in enumerate(zip(frames, cuts, strict=True))],
+                                ignore_index=True)
+            X_df = futures[[ID, TIME, *exogenous]] if exogenous else None
+            out = forecaster.predict(horizon, X_df=X_df).sort_values([ID, TIME], kind="stable")
+            paths.append(out[MODEL].to_numpy(dtype="float64").reshape(-1, horizon))
+        return [np.concatenate([path[k] for path in paths]) for k in range(len(frames))]
 
     def serialize(self, model) -> bytes:
         fitted, unfitted = model.models_[MODEL], model.models

@@ -41,6 +41,10 @@ class LightGBMKind(ModelKind):
         cls = lgb.LGBMClassifier if task in CLASSIFICATION else lgb.LGBMRegressor
         return cls(**(base | params)).fit(X, y)
 
+    def row_predictor(self, model, meta):
+        booster = model.booster_  # as the stored model predicts, without the wrapper's checks
+        return lambda rows: booster.predict(rows, num_threads=1)
+
     def device_params(self, device: str) -> dict[str, Any]:
         # PyPI's wheels are built with the OpenCL tree learner ("gpu"), not CUDA's
         return {"device_type": "gpu"}

@@ -42,7 +42,7 @@ from raybricks.training.forecast.series import (
 )
 from raybricks.training.plan import GLOBAL, Plan, stable_seed
 from raybricks.training.recipe import Chosen, Unit
-from raybricks.training.search import search_best
+from raybricks.training.search import method_of, search_best
 from raybricks.training.selection import (
     Evaluation,
     SegmentResult,
@@ -73,17 +73,20 @@ NAIVE = CandidateConfig(name="baseline", kind="statsforecast", estimator="Naive"
 
 
 def backtest_candidate(series: Series, candidate: CandidateConfig, plan: Plan, key: tuple,
-             origins: list[int], actual: np.ndarray, divisor: float) -> Evaluation:
+                       origins: list[int], actual: np.ndarray, divisor: float,
+                       made: np.ndarray | None = None) -> Evaluation:
     """The settings of a candidate (grid, random draws or bayes: ``search.search_best``),
     backtested; the best by the metric (predictions divided by ``divisor``, as ``actual``
-    is)."""
+    is). ``made``: the backtest forecasts of its one setting, made for the whole block
+    (``block_backtests``)."""
     metric = metrics.metric(plan.metric)
     kind = kinds.forecaster(candidate)
     seed = stable_seed(plan.seed, key, candidate.name, "fit")
 
     def fit(params: dict[str, Any]) -> Evaluation:
-        predictions = kind.backtest(params, series.frame, origins, seed, plan.threads,
-                                   plan.forecast) / divisor
+        forecasts = made if made is not None else kind.backtest(
+            params, series.frame, origins, seed, plan.threads, plan.forecast)
+        predictions = forecasts / divisor
         if not np.isfinite(predictions).all():
             raise ValueError("the forecast has missing or infinite values")
         return Evaluation(candidate, params, metric.score(actual, predictions), predictions)
@@ -158,6 +161,54 @@ def fitted_member(candidate: CandidateConfig, weight: float, params: dict[str, A
 
 
 @dataclass
+class BlockMade:
+    """What the task made once for a series' whole block (``block_made``): the series
+    cleaned, the global model's backtest forecasts of it and the backtest forecasts of
+    the candidates whose kind backtests many series at once, by name."""
+
+    series: Series
+    global_backtest: np.ndarray | None = None
+    forecasts: dict[str, np.ndarray] = field(default_factory=dict)
+
+
+def block_made(frame: pd.DataFrame, bounds: list[tuple[tuple, int, int]], plan: Plan
+               ) -> dict[tuple, BlockMade]:
+    """Each series of a block (``bounds``: key, first and end row in ``frame``) cleaned
+    once, with the backtests made for all of them at once: the global model's
+    (``global_model.block_backtests``) and those of the candidates of one setting whose
+    kind has ``backtest_many`` (lag models). Series that do not clean as configured
+    (skipped, too short for the windows) are left out: their own training reports them;
+    a batch that fails leaves its candidate to each series, which reports the error."""
+    found = {}
+    for key, start, end in bounds:
+        try:
+            found[key] = BlockMade(clean_series(frame.iloc[start:end], plan))
+        except Exception:  # noqa: BLE001 - its own training reports why
+            continue
+    if not found:
+        return found
+    series = {key: made.series for key, made in found.items()}
+    if plan.global_members:
+        for key, forecasts in global_model.block_backtests(series, plan).items():
+            found[key].global_backtest = forecasts
+    keys = list(found)
+    frames = [series[key].frame for key in keys]
+    origins = [windows(len(f), plan.forecast) for f in frames]
+    for candidate in plan.candidates:
+        if method_of(candidate) != "none":
+            continue  # settings to search: each series searches its own
+        seeds = [stable_seed(plan.seed, key, candidate.name, "fit") for key in keys]
+        try:
+            made = kinds.forecaster(candidate).backtest_many(
+                dict(candidate.params), frames, origins, seeds, plan.threads, plan.forecast)
+        except Exception:  # noqa: BLE001 - each series then tries alone
+            continue
+        for key, forecasts in zip(keys, made or [], strict=False):
+            found[key].forecasts[candidate.name] = forecasts
+    return found
+
+
+@dataclass
 class Backtest:
     """A series ready to backtest: its cleaned values, the windows' origins, the actual
     values of every window (divided by ``divisor``, the scale of a scaled metric), the
@@ -169,6 +220,7 @@ class Backtest:
     actual: np.ndarray
     divisor: float
     global_backtest: np.ndarray | None
+    made: dict[str, np.ndarray] = field(default_factory=dict)  # ``BlockMade.forecasts``
     naive: Evaluation | None = None  # set by ``SeriesUnit.rivals``
     # set by ``SeriesUnit.select``: what was compared and its cross-fitted forecasts
     evaluations: list[Evaluation] = field(default_factory=list)
@@ -183,25 +235,29 @@ class SeriesUnit(Unit):
     ``skipped_members`` says."""
 
     def __init__(self, data: pd.DataFrame, key: tuple, plan: Plan,
-                 global_backtest: np.ndarray | None = None) -> None:
+                 made: BlockMade | None = None) -> None:
         super().__init__(key, plan, self.evaluate_candidate, len(data))
-        self.data, self.job, self.global_backtest = data, plan, global_backtest
+        self.data, self.job, self.made = data, plan, made
 
     def prepare(self) -> Backtest:
-        series, self.plan, global_backtest = backtestable(self.data, self.job,
-                                                          self.global_backtest)
+        if self.made is not None:
+            series, global_backtest = self.made.series, self.made.global_backtest
+        else:
+            series, self.plan, global_backtest = backtestable(self.data, self.job)
         spec = self.plan.forecast
         y = series.y
         origins = windows(len(y), spec)
         actual = np.concatenate([y[o:o + spec.horizon] for o in origins])
         divisor = (scale(y[:origins[0]], spec.season_length)
                    if metrics.metric(self.plan.metric).scaled else 1.0)
-        return Backtest(series, origins, actual / divisor, divisor, global_backtest)
+        return Backtest(series, origins, actual / divisor, divisor, global_backtest,
+                        self.made.forecasts if self.made is not None else {})
 
     def evaluate_candidate(self, bt: Backtest, candidate: CandidateConfig) -> Evaluation:
-        """The evaluator: every setting of the candidate backtested here."""
+        """The evaluator: every setting of the candidate backtested here (or its
+        forecasts made for the whole block, scored)."""
         return backtest_candidate(bt.series, candidate, self.plan, self.key, bt.origins,
-                                  bt.actual, bt.divisor)
+                                  bt.actual, bt.divisor, bt.made.get(candidate.name))
 
     def rivals(self, bt: Backtest) -> list[Evaluation]:
         found = []
@@ -240,27 +296,26 @@ class SeriesUnit(Unit):
         return members
 
 
-def train_series(data: pd.DataFrame, key: tuple, plan: Plan,
-                 global_backtest: np.ndarray | None = None
+def train_series(data: pd.DataFrame, key: tuple, plan: Plan, made: BlockMade | None = None
                  ) -> tuple[SegmentResult, list[dict[str, Any]]]:
-    """Train one series (its rows as a frame; ``global_backtest``: the global model's
-    backtest forecasts of it, when made for its whole block). Never raises: the result
-    row says trained (on fewer backtest windows where it is too short for the
-    configured ones: ``backtestable``), skipped (served as ``skipped_members`` says,
-    where it has values) or failed."""
-    return recipe.train(SeriesUnit(data, key, plan, global_backtest))
+    """Train one series (its rows as a frame; ``made``: what was made for its whole
+    block, ``block_made``). Never raises: the result row says trained (on fewer backtest
+    windows where it is too short for the configured ones: ``backtestable``), skipped
+    (served as ``skipped_members`` says, where it has values) or failed."""
+    return recipe.train(SeriesUnit(data, key, plan, made))
 
 
-def backtestable(data: pd.DataFrame, plan: Plan, global_backtest: np.ndarray | None = None
+def backtestable(data: pd.DataFrame, plan: Plan
                  ) -> tuple[Series, Plan, np.ndarray | None]:
     """The series cleaned (``clean_series``), the plan it is backtested with and the
-    global model's backtest forecasts of it. A series too short for the configured
+    global model's backtest forecasts of it (none: made for its block, they are in
+    ``BlockMade``). A series too short for the configured
     backtest windows gets a plan of as many as it fits, down to one (noted first in its
     reason; with one window, no prediction intervals: they need two), each window the
     one the job's backtest has at that place, the global model's too. Raises Unfit
     (short) when not even one window fits."""
     try:
-        return clean_series(data, plan), plan, global_backtest
+        return clean_series(data, plan), plan, None
     except Unfit as unfit:
         if not unfit.short:
             raise

@@ -99,20 +99,12 @@ def fitted_windows(candidate: CandidateConfig, plan: Plan, frame: pd.DataFrame
     return models
 
 
-def block_backtests(frame: pd.DataFrame, bounds: list[tuple[tuple, int, int]], plan: Plan
-                    ) -> dict[tuple, np.ndarray]:
-    """The global model's backtest forecasts of a block's series (``bounds``: key, first
-    and end row in ``frame``), windows concatenated: one prediction per window for every
-    series at once instead of one per series and window. Empty when the batch fails;
-    series missing from it (skipped ones) are forecast one at a time by
-    ``evaluate_global``, which also reports their errors."""
-
-    found = {}
-    for key, start, end in bounds:
-        try:
-            found[key] = clean_series(frame.iloc[start:end], plan)
-        except Exception:  # noqa: BLE001 - its own training reports why
-            continue
+def block_backtests(found: dict[tuple, Series], plan: Plan) -> dict[tuple, np.ndarray]:
+    """The global model's backtest forecasts of a block's series (``found``: cleaned, by
+    key), windows concatenated: one prediction per window for every series at once
+    instead of one per series and window. Empty when the batch fails; series missing
+    from it (skipped ones) are forecast one at a time by ``evaluate_global``, which also
+    reports their errors."""
     if not found:
         return {}
     spec, horizon = plan.forecast, plan.forecast.horizon

@@ -24,7 +24,7 @@ from raybricks.kinds import ForecastKind
 from raybricks.kinds.forecasting import future_times, times_of
 from raybricks.results import FAILED, TRAINED, keep_fallback
 from raybricks.training.forecast import global_model
-from raybricks.training.forecast.backtest import baselines, train_series
+from raybricks.training.forecast.backtest import baselines, block_made, train_series
 from raybricks.training.forecast.global_model import GLOBAL_ROWS
 from raybricks.training.forecast.series import answered, block_times, forecast_spec
 from raybricks.training.plan import (
@@ -175,11 +175,11 @@ class ForecastTask:
     def trainer(self, frame: pd.DataFrame, todo: list, plan: Plan,
                 found: list[dict] | None = None) -> SegmentTrainer:
         frame = block_times(frame, plan)
-        # the global model's backtests of every series of the block, in one pass
-        batched = (global_model.block_backtests(frame, todo, plan)
-                   if plan.global_members else {})
+        # every series cleaned once; the global model's and the lag models' backtests
+        # of the block's series, each window in one pass
+        made = block_made(frame, todo, plan)
         return lambda key, start, end: train_series(frame.iloc[start:end], key, plan,
-                                                    batched.get(key))
+                                                    made.get(key))
 
     def train_large(self, refs: list, keys: list[list[tuple]], plan: Plan,
                     config: JobConfig, run_dir: Path) -> None:
