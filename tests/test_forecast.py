@@ -22,6 +22,7 @@ from raybricks.cli import main
 from raybricks.config import JobConfig, SourceConfig
 from raybricks.data import to_ray_dataset
 from raybricks.errors import ConfigError, RaybricksError
+from raybricks.kinds.base import prepare_features
 from raybricks.kinds.forecasting import conformal_offsets, interval_columns
 from raybricks.pipeline import validate
 from raybricks.results import FAILED, SKIPPED, TRAINED
@@ -930,17 +931,30 @@ def test_global_model_learns_across_series_from_static_columns(ray_on_spark, spa
     # history: a mall's weekend peak, a street store's weekday high
     last = data.day.max()
     days = pd.date_range(last + pd.Timedelta(days=1), periods=HORIZON)
-    frame = pd.DataFrame([{"store": store, "day": day} for store in ("s1", "s2", "s3")
-                          for day in days])
+    stores = sorted(data.store.unique())
+    frame = pd.DataFrame([{"store": store, "day": day} for store in stores for day in days])
     predicted = predict_without_raybricks("models:/tests.forecast.global@champion", frame,
                                           tmp_path).prediction.to_numpy()
     models = result.models().to_pandas()
     fallback = SegmentModel.from_rows(result.fallback)
-    for store in ("s1", "s2", "s3"):
+    # the series that continue the global model are continued together in one call
+    # (GlobalKind.continue_many_series): the same forecasts as each series alone
+    assert models[models.kind == "global"].store.nunique() >= 2
+    for store in stores:
         mask = (frame.store == store).to_numpy()
         members = models[models.store == store].to_dict("records")
         expected = SegmentModel.from_rows(members, fallback).predict(frame[mask])
         np.testing.assert_allclose(predicted[mask], expected, rtol=1e-9)
+    continuing = [(store, member) for store in stores if (member := SegmentModel.from_rows(
+        models[models.store == store].to_dict("records"), fallback).continued_member())]
+    requests = [(member.model, prepare_features(frame[frame.store == store], member.meta),
+                 member.meta) for store, member in continuing]
+    pooled = fallback.members[0][0]
+    together = continuing[0][1].kind.continue_many_series(requests, pooled)
+    for (history, rows, meta), values in zip(requests, together, strict=True):
+        alone = continuing[0][1].kind.continue_series(history, pooled, rows, meta)
+        assert np.isfinite(values).all()
+        np.testing.assert_allclose(values, alone, rtol=1e-9)
     weekend = frame.day.dt.dayofweek.isin([5, 6]).to_numpy()
     mall, street = (frame.store == "s1").to_numpy(), (frame.store == "s2").to_numpy()
     assert predicted[mall & weekend].mean() > predicted[mall & ~weekend].mean() + 3

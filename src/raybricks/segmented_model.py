@@ -167,11 +167,14 @@ class SegmentModel:
             fallback,
         )
 
-    def _member_predict(self, member: MemberModel, frame: pd.DataFrame) -> np.ndarray:
+    def _member_predict(self, member: MemberModel, frame: pd.DataFrame,
+                        continued: np.ndarray | None = None) -> np.ndarray:
         if not member.kind.uses_fallback:
             return member.predict(frame)
         if self.fallback is None:
             raise ValueError("a member uses the global model, which this model does not have")
+        if continued is not None:  # made with other series' (``continued_series``)
+            return continued
         if member.model is not None:  # a series' history, continued by the global model
             return member.kind.continue_series(member.model, self.fallback.members[0][0],
                                                prepare_features(frame, member.meta),
@@ -181,22 +184,32 @@ class SegmentModel:
             return raw
         return align_classes(raw, self.fallback.meta["classes"], self.meta["classes"])
 
-    def predict_raw(self, frame: pd.DataFrame) -> np.ndarray:
+    def continued_member(self) -> MemberModel | None:
+        """Task forecast: the member whose series history the global model continues."""
+        return next((member for member, _ in self.members
+                     if member.kind.uses_fallback and member.model is not None), None)
+
+    def predict_raw(self, frame: pd.DataFrame, continued: np.ndarray | None = None
+                    ) -> np.ndarray:
+        """The members' weighted mean (``continued``: the global model's forecast of the
+        rows from this series' history, when made with other series')."""
         total = sum(weight for _, weight in self.members)
-        return sum(self._member_predict(member, frame) * (weight / total)
+        return sum(self._member_predict(member, frame, continued) * (weight / total)
                    for member, weight in self.members)
 
-    def predict_intervals(self, frame: pd.DataFrame, levels: list[float]) -> np.ndarray:
+    def predict_intervals(self, frame: pd.DataFrame, levels: list[float],
+                          continued: np.ndarray | None = None) -> np.ndarray:
         """Forecasts and their interval bounds: columns ``prediction`` and
         ``interval_columns(levels)`` (NaN where the series has no intervals)."""
-        point = self.predict_raw(frame)
+        point = self.predict_raw(frame, continued)
         bounds = kinds.forecasting.interval_bounds(
             point, prepare_features(frame, self.meta), self.meta, levels)
         return np.column_stack([point, bounds])
 
-    def predict(self, frame: pd.DataFrame, probabilities: bool = False) -> np.ndarray:
+    def predict(self, frame: pd.DataFrame, probabilities: bool = False,
+                continued: np.ndarray | None = None) -> np.ndarray:
         """Values for regression; class labels (or probabilities) for classification."""
-        raw = self.predict_raw(frame)
+        raw = self.predict_raw(frame, continued)
         if self.meta["task"] not in CLASSIFICATION or probabilities:
             return raw
         classes = np.asarray(self.meta["classes"], dtype=object)
@@ -437,14 +450,16 @@ class SegmentStore:
                           levels if intervals else [])
         unscored = 0
         forecasts = bool(self.manifest.get("forecast"))  # a series needs its own history
-        for position, key in enumerate(keys):
-            rows = order[cuts[position]:cuts[position + 1]]
+        segments = [(key, order[cuts[position]:cuts[position + 1]])
+                    for position, key in enumerate(keys)]
+        continued = self.continued_series(segments, models, frame) if forecasts else {}
+        for position, (key, rows) in enumerate(segments):
             status[rows] = statuses[position] or "unknown"
             model = models.get(key) or (None if forecasts else self.fallback)
             if model is None:
                 unscored += len(rows)
                 continue
-            outputs.put(rows, model, frame.iloc[rows])
+            outputs.put(rows, model, frame.iloc[rows], continued.get(key))
         if unscored:
             warnings.warn(
                 f"{unscored} row(s) of segments without a model (unknown, skipped or failed "
@@ -454,6 +469,29 @@ class SegmentStore:
                 stacklevel=2,
             )
         return Prediction(outputs.result(), status)
+
+
+    def continued_series(self, segments: list[tuple[tuple, np.ndarray]],
+                         models: dict[tuple, SegmentModel], frame: pd.DataFrame
+                         ) -> dict[tuple, np.ndarray]:
+        """Task forecast: the global model's forecasts of the rows of every series that
+        continues it (``segments``: each key and its rows), made for all of them at once
+        (``GlobalKind.continue_many_series``); empty when fewer than two series do or
+        the batch fails (each series then continues alone, and reports its error)."""
+        wanted = []
+        for key, rows in segments:
+            member = models[key].continued_member() if key in models else None
+            if member is not None:
+                features = prepare_features(frame.iloc[rows], member.meta)
+                wanted.append((key, member, (member.model, features, member.meta)))
+        if len(wanted) < 2 or self.fallback is None:
+            return {}
+        try:
+            made = wanted[0][1].kind.continue_many_series(
+                [request for _, _, request in wanted], self.fallback.members[0][0])
+        except Exception:  # noqa: BLE001 - each series alone says what is wrong
+            return {}
+        return {key: values for (key, _, _), values in zip(wanted, made, strict=True)}
 
 
 @dataclass
@@ -482,11 +520,13 @@ class Outputs:
             self.values = np.full(n, None if self.classify else np.nan, dtype=object
                                   if self.classify else "float64")
 
-    def put(self, rows: np.ndarray, model: SegmentModel, frame: pd.DataFrame) -> None:
+    def put(self, rows: np.ndarray, model: SegmentModel, frame: pd.DataFrame,
+            continued: np.ndarray | None = None) -> None:
         if self.levels:
-            self.values[rows] = model.predict_intervals(frame, self.levels)
+            self.values[rows] = model.predict_intervals(frame, self.levels, continued)
             return
-        predicted = model.predict(frame, probabilities=self.probabilities)
+        predicted = model.predict(frame, probabilities=self.probabilities,
+                                  continued=continued)
         if not self.probabilities:
             self.values[rows] = predicted
             return

@@ -150,6 +150,42 @@ def interval_bounds(point: np.ndarray, features: pd.DataFrame, meta: dict[str, A
     return out
 
 
+def future_of(features: pd.DataFrame, meta: dict[str, Any]
+              ) -> tuple[np.ndarray, pd.DataFrame | None]:
+    """What a stored series forecasts for rows of ``features``: each row's periods after
+    its history (``row_steps``) and the future to forecast, every period up to the
+    furthest row's (``ds`` and the rows' exogenous values); None when no row is one of
+    the next periods it answers."""
+    spec = meta["forecast"]
+    exogenous = spec["exogenous"]
+    steps, last = row_steps(features, meta)
+    if not steps.any():
+        return steps, None
+    horizon = int(steps.max())
+    future = pd.DataFrame({TIME: future_times(spec["frequency"], last, horizon)})
+    if exogenous:
+        known = features.loc[steps > 0, exogenous].set_axis(steps[steps > 0] - 1)
+        known = known[~known.index.duplicated()].reindex(range(horizon))
+        if known.isna().any(axis=None):
+            missing = future[TIME][known.isna().any(axis=1).to_numpy()]
+            raise ValueError(
+                f"exogenous values {exogenous} missing for {len(missing)} period(s) "
+                f"from {missing.iloc[0]}: a forecast needs them for every period from "
+                f"the first after the history ({future[TIME].iloc[0]}) to the last "
+                "one asked for")
+        future = pd.concat([future, known.reset_index(drop=True)], axis=1)
+    return steps, future
+
+
+def placed(path: np.ndarray, steps: np.ndarray) -> np.ndarray:
+    """A forecast ``path`` (one value per period ahead) at the rows' ``steps`` (NaN
+    where a row is none of them)."""
+    out = np.full(len(steps), np.nan)
+    ahead = steps > 0
+    out[ahead] = np.asarray(path, dtype="float64")[steps[ahead] - 1]
+    return out
+
+
 class ForecastKind(StoredKind):
     """A kind that forecasts series (a sibling of the table kinds, ``ModelKind``). Its
     stored half answers rows carrying the time column (``meta["features"][0]``) and the
@@ -161,28 +197,10 @@ class ForecastKind(StoredKind):
     @classmethod
     def predict_loaded(cls, model: Any, features: pd.DataFrame, meta: dict[str, Any]
                        ) -> np.ndarray:
-        spec = meta["forecast"]
-        exogenous = spec["exogenous"]
-        steps, last = row_steps(features, meta)
-        out = np.full(len(features), np.nan)
-        if not steps.any():
-            return out
-        horizon = int(steps.max())
-        future = pd.DataFrame({TIME: future_times(spec["frequency"], last, horizon)})
-        if exogenous:
-            known = features.loc[steps > 0, exogenous].set_axis(steps[steps > 0] - 1)
-            known = known[~known.index.duplicated()].reindex(range(horizon))
-            if known.isna().any(axis=None):
-                missing = future[TIME][known.isna().any(axis=1).to_numpy()]
-                raise ValueError(
-                    f"exogenous values {exogenous} missing for {len(missing)} period(s) "
-                    f"from {missing.iloc[0]}: a forecast needs them for every period from "
-                    f"the first after the history ({future[TIME].iloc[0]}) to the last "
-                    "one asked for")
-            future = pd.concat([future, known.reset_index(drop=True)], axis=1)
-        path = np.asarray(cls.forecast_loaded(model, future, meta), dtype="float64")
-        out[steps > 0] = path[steps[steps > 0] - 1]
-        return out
+        steps, future = future_of(features, meta)
+        if future is None:
+            return np.full(len(features), np.nan)
+        return placed(cls.forecast_loaded(model, future, meta), steps)
 
     @classmethod
     def forecast_loaded(cls, model: Any, future: pd.DataFrame, meta: dict[str, Any]

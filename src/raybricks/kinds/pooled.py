@@ -41,5 +41,32 @@ class GlobalKind(ModelKind):
 
         return fallback.kind.predict_loaded(Continued(fallback.model, history), features, meta)
 
+    @classmethod
+    def continue_many_series(cls, requests: list[tuple[pd.DataFrame, pd.DataFrame,
+                                                       dict[str, Any]]],
+                             fallback: Any) -> list[np.ndarray]:
+        """``continue_series`` of many series at once (``requests``: each series'
+        history, rows of features and meta): one recursion of the global lag model for
+        all series forecast the same number of periods ahead, instead of one each."""
+        from .forecasting import ID, future_of, placed
+
+        found = [future_of(features, meta) for _, features, meta in requests]
+        out = [np.full(len(steps), np.nan) for steps, _ in found]
+        horizons: dict[int, list[int]] = {}
+        for number, (_, future) in enumerate(found):
+            if future is not None:
+                horizons.setdefault(len(future), []).append(number)
+        exogenous = fallback.meta["forecast"]["exogenous"]
+        for horizon, numbers in horizons.items():
+            histories = pd.concat([requests[n][0].assign(**{ID: i})
+                                   for i, n in enumerate(numbers)], ignore_index=True)
+            futures = pd.concat([found[n][1].assign(**{ID: i}) for i, n in enumerate(numbers)],
+                                ignore_index=True)
+            paths = fallback.kind.continue_many(fallback.model, histories, futures, horizon,
+                                                exogenous)
+            for i, n in enumerate(numbers):
+                out[n] = placed(paths[i], found[n][0])
+        return out
+
     def serialize(self, model) -> bytes:
         return b""
