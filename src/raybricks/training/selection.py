@@ -168,13 +168,16 @@ def cross_fitted(evaluations: list[Evaluation], y: np.ndarray, groups: np.ndarra
     found = np.array(whole, dtype=float, copy=True)
     for group in np.unique(groups):
         inside = groups == group
-        others = ~inside
-        rescored = [replace(e, value=metric.score(y[others], e.predictions[others]),
-                            predictions=e.predictions[others]) for e in fitted]
+        others = np.flatnonzero(~inside)
+        rest = y[others]
+        rescored = []
+        for e in fitted:
+            kept = e.predictions[others]
+            rescored.append(replace(e, value=metric.score(rest, kept), predictions=kept))
         if not all(np.isfinite(e.value) for e in rescored):
             continue
         original = {id(r): e for r, e in zip(rescored, fitted, strict=True)}
-        chosen = select(rescored, y[others], plan)
+        chosen = select(rescored, rest, plan)
         found[inside] = sum(original[id(e)].predictions[inside] * w for e, w in chosen)
     return found
 
