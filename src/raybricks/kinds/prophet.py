@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import warnings
 from typing import Any
 
 import numpy as np
@@ -131,7 +132,9 @@ class ProphetKind(ForecastKind):
         from prophet.serialize import model_from_json
 
         quiet()
-        return model_from_json(payload.decode())
+        with warnings.catch_warnings():  # prophet 1.1.5 reads dates with a deprecated call
+            warnings.simplefilter("ignore", FutureWarning)
+            return model_from_json(payload.decode())
 
     @classmethod
     def forecast_loaded(cls, model: Any, future: pd.DataFrame, meta: dict[str, Any]
