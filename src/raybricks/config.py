@@ -617,6 +617,8 @@ def check_forecast(self: JobConfig) -> None:
     if both:
         raise ValueError(f"{sorted(both)} are listed both as forecast.exogenous (values "
                          "change over time) and forecast.static (one value per series)")
+    for model in self.models:
+        kinds.forecaster_kind(model.kind).check_forecast_config(model, self.forecast)
     lag_models = [model for model in self.models
                   if issubclass(kinds.forecaster_kind(model.kind), kinds.lags.LagsKind)]
     if self.fallback == "global" and not lag_models:

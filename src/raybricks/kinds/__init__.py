@@ -41,6 +41,7 @@ BUILTIN = {
     "baseline": "baseline:BaselineKind",
     "global": "pooled:GlobalKind",
     "statsforecast": "statsforecast:StatsForecastKind",
+    "prophet": "prophet:ProphetKind",
 }
 
 
@@ -80,7 +81,7 @@ def forecaster_kind(kind: str) -> type[ForecastKind]:
         return found
     if found.uses_fallback:
         raise ValueError(f"kind {kind!r} cannot forecast: use lightgbm, xgboost, sklearn, "
-                         "catboost, statsforecast or your own kind")
+                         "catboost, statsforecast, prophet or your own kind")
     return resolve(lags.PREFIX + kind)
 
 

@@ -211,6 +211,12 @@ class ForecastKind(StoredKind):
 
     # -- the training half
 
+    @classmethod
+    def check_forecast_config(cls, candidate: Any, forecast: Any) -> None:
+        """Raise ValueError when the candidate cannot forecast as the job's ``forecast``
+        section says (run while the job config is parsed; ``forecast``: its
+        ``ForecastConfig``)."""
+
     def fit_series(self, params: dict[str, Any], history: pd.DataFrame, seed: int,
                    threads: int, spec: ForecastSpec) -> Any:
         """A model fitted on one series (``history``: ``ds``, ``y``, exogenous)."""
