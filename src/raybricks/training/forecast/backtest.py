@@ -78,7 +78,7 @@ def backtest_candidate(series: Series, candidate: CandidateConfig, plan: Plan, k
     """The settings of a candidate (grid, random draws or bayes: ``search.search_best``),
     backtested; the best by the metric (predictions divided by ``divisor``, as ``actual``
     is). ``made``: the backtest forecasts of its one setting, made for the whole block
-    (``block_backtests``)."""
+    (``block_made``)."""
     metric = metrics.metric(plan.metric)
     kind = kinds.forecaster(candidate)
     seed = stable_seed(plan.seed, key, candidate.name, "fit")
