@@ -175,18 +175,13 @@ def regular_rows(data: pd.DataFrame, plan: Plan) -> pd.DataFrame | None:
     once, in time order, each with a value: the common case, without pandas'
     reindexing); None otherwise."""
     spec = plan.forecast
-    step = fixed_step(spec.frequency)
     times = data[plan.time_column]
     kind = times.dtype.kind if isinstance(times.dtype, np.dtype) else ""
-    if step is None or len(times) < 2 or kind not in ("M" if isinstance(spec.frequency, str)
-                                                      else "iu"):
+    if kind not in ("M" if isinstance(spec.frequency, str) else "iu"):
         return None
     values = times.to_numpy()
     ticks = values.astype("datetime64[ns]").view("int64") if kind == "M" else values
-    if not (np.diff(ticks) == step).all():
-        return None
-    if kind == "M" and not pd.tseries.frequencies.to_offset(spec.frequency).is_on_offset(
-            pd.Timestamp(values[0])):
+    if not every_period(ticks, spec.frequency):
         return None
     target = numbers(data[plan.target])
     if not np.isfinite(target).all():
@@ -345,15 +340,21 @@ def grid_of(times: pd.Series | pd.Index, spec: ForecastSpec) -> pd.Index | None:
     """Every period from the first of ``times`` (sorted) to the last; None when one of
     them is off that grid."""
     times = pd.Index(times)
-    step = fixed_step(spec.frequency)
-    if step is not None and len(times) > 1 and (
-            np.diff(times.asi8 if isinstance(times, pd.DatetimeIndex) else times) == step).all():
-        first = times[0]  # every period, once: the grid itself (if the first is on it)
-        if isinstance(spec.frequency, int) or pd.tseries.frequencies.to_offset(
-                spec.frequency).is_on_offset(first):
-            return times
+    if every_period(times.asi8 if isinstance(times, pd.DatetimeIndex) else times.to_numpy(),
+                    spec.frequency):
+        return times  # the grid itself
     grid = grid_between(times[0], times[-1], spec)
     return None if grid is None or grid.get_indexer(times).min() < 0 else grid
+
+
+def every_period(ticks: np.ndarray, frequency: str | int) -> bool:
+    """Whether times (``ticks``: integers, nanoseconds for dates) are every period of a
+    fixed-step ``frequency`` once, in order, from a first one on its grid."""
+    step = fixed_step(frequency)
+    if step is None or len(ticks) < 2 or not (np.diff(ticks) == step).all():
+        return False
+    return isinstance(frequency, int) or pd.tseries.frequencies.to_offset(
+        frequency).is_on_offset(pd.Timestamp(int(ticks[0])))
 
 
 @lru_cache(maxsize=64)
