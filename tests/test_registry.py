@@ -117,23 +117,30 @@ sys.meta_path.insert(0, Block())
 """
 
 
-@pytest.mark.topology
-def test_model_loads_and_predicts_where_raybricks_cannot_be_imported(
-        shops_publication, shops_result, tmp_path):
-    frame = helpers.shops().sample(frac=1.0, random_state=3).iloc[:40]
-    frame.to_parquet(tmp_path / "input.parquet")
-    code = BLOCK_RAYBRICKS + f"""
-import mlflow, pandas as pd
-model = mlflow.pyfunc.load_model("models:/tests.shops.model@champion")
-frame = pd.read_parquet({str(tmp_path / 'input.parquet')!r})
-model.predict(frame).to_frame().to_parquet({str(tmp_path / 'out.parquet')!r})
+def run_without_raybricks(code: str) -> None:
+    """Run ``code`` in a fresh interpreter that cannot import raybricks; fail if it fails
+    or imported raybricks after all."""
+    code = BLOCK_RAYBRICKS + code + """
 print("raybricks imported:", any(m == "raybricks" or m.startswith("raybricks.")
-                                  for m in sys.modules))
+                                 for m in sys.modules))
 """
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "raybricks imported: False" in done.stdout
+
+
+@pytest.mark.topology
+def test_model_loads_and_predicts_where_raybricks_cannot_be_imported(
+        shops_publication, shops_result, tmp_path):
+    frame = helpers.shops().sample(frac=1.0, random_state=3).iloc[:40]
+    frame.to_parquet(tmp_path / "input.parquet")
+    run_without_raybricks(f"""
+import mlflow, pandas as pd
+model = mlflow.pyfunc.load_model("models:/tests.shops.model@champion")
+frame = pd.read_parquet({str(tmp_path / 'input.parquet')!r})
+model.predict(frame).to_frame().to_parquet({str(tmp_path / 'out.parquet')!r})
+""")
     predicted = pd.read_parquet(tmp_path / "out.parquet")["prediction"].to_numpy()
     for store in ["s0", "s5"]:
         rows = (frame.store == store).to_numpy()
