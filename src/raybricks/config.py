@@ -188,6 +188,73 @@ class HolidaysConfig(StrictModel):
         return self
 
 
+#: Reconciliation methods of ``forecast.hierarchy.method`` (hierarchicalforecast's).
+RECONCILE_METHODS = ("bottom_up", "top_down", "middle_out", "min_trace_ols",
+                     "min_trace_wls_struct", "min_trace_shrink")
+
+
+class HierarchyConfig(StrictModel):
+    """``forecast.hierarchy``: the aggregate levels above the series (the segments), and
+    how their forecasts are made to add up.
+
+    ``levels``: each a list of columns whose values name an aggregate series, the sum of
+    the segments' series sharing them (``[[region], [region, store]]``: a strict
+    hierarchy; ``[[region], [family], [region, family]]``: grouped levels that cross).
+    A column may be a segment column or another column with one value per segment (its
+    region). A list of column names is shorthand for the strict chain from the top
+    (``[region, store]`` = ``[[region], [region, store]]``). ``total``: also forecast
+    the sum of every series. Every level is trained like the segments (same candidates,
+    same selection, its own result row), then each forecast is reconciled with
+    ``method``: ``bottom_up``, ``top_down`` (forecast proportions), ``middle_out`` (at
+    ``middle_level``, a level's columns joined by ``/``), ``min_trace_ols``,
+    ``min_trace_wls_struct`` or ``min_trace_shrink`` (MinTrace with the shrunk
+    covariance of the backtest errors).
+    """
+
+    levels: list[list[str]]
+    total: bool = True
+    method: Literal["bottom_up", "top_down", "middle_out", "min_trace_ols",
+                    "min_trace_wls_struct", "min_trace_shrink"] = "min_trace_shrink"
+    middle_level: str | None = None
+    #: set by training, not by users: the job's own segment columns (the bottom level),
+    #: once ``segment_by`` names every level's series (``level`` and every key column)
+    segments: list[str] | None = None
+
+    @after_validator
+    def _check(self) -> HierarchyConfig:
+        if not self.levels or any(not level for level in self.levels):
+            raise ValueError("forecast.hierarchy.levels is empty or has an empty level: "
+                             "list each aggregate level's columns, e.g. [[region], "
+                             "[region, store]]")
+        names = [level_name(level) for level in self.levels]
+        repeated = sorted({n for n in names if names.count(n) > 1})
+        if repeated:
+            raise ValueError(f"forecast.hierarchy.levels lists {repeated} more than once")
+        strict = self.method in ("top_down", "middle_out")
+        if strict and not is_chain(self.levels):
+            raise ValueError(f"forecast.hierarchy.method {self.method} needs a strict "
+                             "hierarchy (each level adds columns to the one above it, "
+                             "e.g. [[region], [region, store]]); with grouped levels use "
+                             "bottom_up or a min_trace method")
+        if self.method == "middle_out" and self.middle_level not in names:
+            raise ValueError(f"forecast.hierarchy.method middle_out needs middle_level, one "
+                             f"of the levels {names}")
+        if self.method != "middle_out" and self.middle_level is not None:
+            raise ValueError("forecast.hierarchy.middle_level is for method middle_out")
+        return self
+
+
+def level_name(columns: list[str]) -> str:
+    """An aggregate level's name in the ``level`` column: its columns joined by ``/``."""
+    return "/".join(columns)
+
+
+def is_chain(levels: list[list[str]]) -> bool:
+    """The levels are a strict hierarchy: each adds columns to the one before it."""
+    return all(len(b) > len(a) and b[:len(a)] == a for a, b in zip(levels, levels[1:],
+                                                                  strict=False))
+
+
 class ForecastConfig(StrictModel):
     """Task forecast: what each series is forecast with.
 
@@ -209,7 +276,8 @@ class ForecastConfig(StrictModel):
     columns describing a series as a whole (store type, region; numbers or strings),
     features of the global model (``fallback: global``), which learns across series.
     ``holidays``: days taken out of each series' history (``HolidaysConfig``; a country
-    code alone is shorthand for ``{country: ...}``).
+    code alone is shorthand for ``{country: ...}``). ``hierarchy``: aggregate levels
+    forecast beside the series and reconciled with them (``HierarchyConfig``).
     """
 
     horizon: PositiveInt
@@ -228,10 +296,17 @@ class ForecastConfig(StrictModel):
     intervals: list[float] = Field(default_factory=list)
     strategy: Literal["recursive", "direct"] = "recursive"
     holidays: HolidaysConfig | None = None
+    hierarchy: HierarchyConfig | None = None
 
     @before_validator("holidays")
     def _holidays_shorthand(cls, value: object) -> object:
         return {"country": value} if isinstance(value, str) else value
+
+    @before_validator("hierarchy")
+    def _chain_shorthand(cls, value: object) -> object:
+        if isinstance(value, list) and value and all(isinstance(c, str) for c in value):
+            return {"levels": [value[:i + 1] for i in range(len(value))]}
+        return {"levels": value} if isinstance(value, list) else value
 
     @after_validator
     def _check(self) -> ForecastConfig:
@@ -635,6 +710,33 @@ def check_forecast(self: JobConfig) -> None:
     if self.forecast.intervals and self.validation.windows < 2:
         raise ValueError("forecast.intervals are calibrated on the backtest's errors: they "
                          "need validation.windows of at least 2 (more for wide levels)")
+    if self.forecast.hierarchy is not None:
+        check_hierarchy(self)
+
+
+#: The column of a hierarchical forecast naming each series' level.
+LEVEL_COLUMN = "level"
+
+
+def check_hierarchy(self: JobConfig) -> None:
+    """``forecast.hierarchy`` against the rest of the job."""
+    forecast = self.forecast
+    if forecast.exogenous or forecast.static:
+        raise ValueError("forecast.hierarchy does not take forecast.exogenous or "
+                         "forecast.static yet: the aggregate series have no such columns, "
+                         "and the forecasts are reconciled when trained (without future "
+                         "values to come)")
+    if forecast.hierarchy.segments is not None:  # as training stored it: checked then
+        return
+    columns = {c for level in forecast.hierarchy.levels for c in level}
+    clash = {LEVEL_COLUMN, self.target, self.time_column} & (columns | set(self.segment_by))
+    if clash:
+        raise ValueError(f"forecast.hierarchy: {sorted(clash)} cannot name a level or a "
+                         f"segment: {LEVEL_COLUMN!r} is the column the forecasts name their "
+                         "level in, and the target and time column are not levels")
+    if any(set(level) >= set(self.segment_by) for level in forecast.hierarchy.levels):
+        raise ValueError("forecast.hierarchy: a level holding every segment column is the "
+                         "segments themselves; list only the levels above them")
 
 
 def apply_overrides(data: dict, overrides: list[str]) -> dict:

@@ -30,6 +30,7 @@ from raybricks.segmented_model import (
     FALLBACK,
     INDEX,
     MANIFEST,
+    RECONCILIATION,
     SHARDS,
     installed_version,
     locations,
@@ -78,8 +79,10 @@ def run_parts(result: TrainingResult, source: str) -> Iterator[tuple[pa.Table, p
     """Per results part of the run: its index rows and the members of its models part
     (of the same name). A models part without its results part (its task stopped between
     the two writes) is left out: its segments have no result, so a resumed run trained
-    them again."""
+    them again. In a reconciled hierarchy, each member row carries its series'
+    ``reconciliation`` shift."""
     metric, baseline = f"metric_{result.metric}", f"baseline_{result.metric}"
+    shifts = reconciled_shifts(result.run_dir)
     for file in part_files(result.run_dir / "results"):
         results = pq.read_table(file)
         index = pa.table({
@@ -92,7 +95,23 @@ def run_parts(result: TrainingResult, source: str) -> Iterator[tuple[pa.Table, p
             "source": pa.repeat(pa.scalar(source, pa.string()), results.num_rows),
         })
         models = result.run_dir / "models" / file.name
-        yield index, pq.read_table(models) if models.exists() else pa.table({})
+        members = pq.read_table(models) if models.exists() else pa.table({})
+        if shifts is not None and members.num_rows:
+            rows = null_safe_join(members.select(result.segment_by), shifts.select(
+                [*result.segment_by, "row"]), result.segment_by).column("row")
+            members = members.append_column(
+                RECONCILIATION, shifts.column(RECONCILIATION).take(rows))
+        yield index, members
+
+
+def reconciled_shifts(run_dir: Path) -> pa.Table | None:
+    """A reconciled hierarchy's shift of every series' forecasts (``reconciliation``
+    writes them in the run), or None."""
+    files = sorted((run_dir / RECONCILIATION).glob("shifts-*.parquet"))
+    if not files:
+        return None
+    shifts = pa.concat_tables([pq.read_table(f) for f in files]).combine_chunks()
+    return shifts.append_column("row", pa.array(np.arange(shifts.num_rows)))  # join key
 
 
 def _float_column(table: pa.Table, name: str) -> pa.Array:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from raybricks import console
+from raybricks import console, hierarchy
 from raybricks.cluster import ray_cluster, spark_session
 from raybricks.compat import arrow_schema
 from raybricks.config import JobConfig
@@ -78,6 +78,10 @@ def check_job(config: JobConfig, *, register: bool = True) -> None:
 
     for candidate in config.models:
         task_of(config).kind(candidate).check()
+    if hierarchical(config):
+        from raybricks.reconciliation import check_installed
+
+        check_installed()
     if register:
         tracking.check_registry_name(config, tracking.tracking_target().registry_uri)
 
@@ -86,7 +90,8 @@ def checked_source(config: JobConfig, source: DataFrame) -> tuple[DataFrame, int
     """The source as training reads it (its columns, ``where`` applied) and its number of
     rows, once its columns and types fit the config and its target is not missing in
     every row."""
-    features = config.features or ([*config.forecast.exogenous, *config.forecast.static]
+    features = config.features or ([*config.forecast.exogenous, *config.forecast.static,
+                                     *hierarchy_columns(config)]
                                     if config.forecast else None)
     columns = list(dict.fromkeys(
         (features or []) + [config.target]
@@ -98,6 +103,19 @@ def checked_source(config: JobConfig, source: DataFrame) -> tuple[DataFrame, int
     if plan.forecast:
         check_frequency(df, config, plan.forecast)
     return df, rows
+
+
+def hierarchical(config: JobConfig) -> bool:
+    """Task forecast with ``forecast.hierarchy``."""
+    return config.forecast is not None and config.forecast.hierarchy is not None
+
+
+def hierarchy_columns(config: JobConfig) -> list[str]:
+    """The hierarchy's level columns that are not segment columns."""
+    if not hierarchical(config):
+        return []
+    return [c for level in config.forecast.hierarchy.levels for c in level
+            if c not in config.segment_by]
 
 
 def check_frequency(df: DataFrame, config: JobConfig, spec: ForecastSpec) -> None:
@@ -209,6 +227,11 @@ def validate(config: JobConfig, spark: SparkSession | None = None, *, source: bo
         return Validation(config, None, str(exc))
     df = checked_source(config, found)[0]
     findings = (duplicate_dates(df, config),) if config.task == "forecast" else ()
+    if hierarchical(config):
+        hierarchy.check_levels(df, config)
+        findings += (f"hierarchy: {len(hierarchy.Levels.of(config).levels)} levels, the "
+                     "segments' and every aggregate's series trained and reconciled with "
+                     f"{config.forecast.hierarchy.method}",)
     return Validation(config, df.columns, findings=findings)
 
 
@@ -267,6 +290,10 @@ def train(
                 else None
             df, num_rows = checked_source(
                 config, files.frame if files else read_source(config.source, spark))
+            if hierarchical(config):  # every level's series, trained as segments
+                df = hierarchy.with_aggregates(df, config)
+                config = hierarchy.trained_config(config)
+                num_rows = df.count()
         try:
             result, accounting = _train_source(config, spark, df, num_rows, files, timings)
         finally:
@@ -304,10 +331,24 @@ def _train_source(config: JobConfig, spark: SparkSession, df: DataFrame, num_row
         finally:  # the staged files, kept for rebuilding lost blocks, are not needed
             segmented.release()
         del segmented  # its index of every segment: the results are on disk now
+        if hierarchical(config):
+            with stage("reconciliation", timings, "reconciliation: every level adds up"):
+                reconcile_levels(result, config)
     release_memory()
     with stage("accounting", timings, "accounting: one result per source segment"):
         accounting = reconcile(result, source_segments.result() + len(empty))
     return result, accounting
+
+
+def reconcile_levels(result: TrainingResult, config: JobConfig) -> None:
+    """``reconciliation.reconcile`` on the running Ray, said in the log and console."""
+    import ray
+
+    from raybricks.reconciliation import reconcile
+
+    found = reconcile(result, config, int(ray.cluster_resources().get("CPU", 1)))
+    log.info("%s", found.describe())
+    console.say(found.describe())
 
 
 def publish(result: TrainingResult, config: JobConfig, timings: dict[str, float] | None = None,

@@ -464,13 +464,11 @@ def future_rows(directory: Path, manifest: dict, horizon: int) -> pd.DataFrame:
     """Per segment with a model, its next ``horizon`` periods: the segment columns and
     the time column (typed as in training: dates, timestamps in UTC with a time zone,
     naive timestamps, integers; ``future_schema``)."""
-    import pandas as pd
     import pyarrow.parquet as pq
 
-    from raybricks.kinds.forecasting import future_times
     from raybricks.segmented_model import SHARDS, key_tuples
 
-    segment_by, spec = manifest["segment_by"], manifest["forecast"]
+    segment_by = manifest["segment_by"]
     lasts: dict[tuple, object] = {}
     for shard in sorted(directory.glob(SHARDS)):
         table = pq.read_table(shard, columns=[*segment_by, "meta"])
@@ -478,6 +476,17 @@ def future_rows(directory: Path, manifest: dict, horizon: int) -> pd.DataFrame:
                              table.column("meta").to_pylist(), strict=True):
             if key not in lasts:
                 lasts[key] = json.loads(meta)["forecast"]["last"]
+    return future_frame(lasts, manifest, horizon)
+
+
+def future_frame(lasts: dict[tuple, object], manifest: dict, horizon: int) -> pd.DataFrame:
+    """Per segment key, the ``horizon`` periods after its ``last`` (as its stored meta
+    has it), typed as ``future_rows`` says; key-major order."""
+    import pandas as pd
+
+    from raybricks.kinds.forecasting import future_times
+
+    segment_by, spec = manifest["segment_by"], manifest["forecast"]
     time_column = spec["time_column"]
     paths = {last: future_times(spec["frequency"],
                                 last if isinstance(last, int) else pd.Timestamp(last), horizon)

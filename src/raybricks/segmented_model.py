@@ -150,21 +150,26 @@ class SegmentModel:
     kind that ``uses_fallback`` predict with ``fallback`` (the global model)."""
 
     def __init__(self, members: list[tuple[MemberModel, float]],
-                 fallback: SegmentModel | None = None) -> None:
+                 fallback: SegmentModel | None = None,
+                 reconciliation: list[float] | None = None) -> None:
         self.members = members
         self.meta = members[0][0].meta
         self.fallback = fallback
+        self.reconciliation = (None if reconciliation is None
+                               else np.asarray(reconciliation, dtype="float64"))
 
     @classmethod
     def from_rows(cls, rows: list[dict[str, Any]], fallback: SegmentModel | None = None
                   ) -> SegmentModel:
-        """Build from stored rows with ``kind``, ``payload``, ``meta`` (JSON), ``weight``."""
+        """Build from stored rows with ``kind``, ``payload``, ``meta`` (JSON), ``weight``
+        (and, in a reconciled hierarchy, ``reconciliation``)."""
         return cls(
             [
                 (MemberModel(row["kind"], row["payload"], json.loads(row["meta"])), row["weight"])
                 for row in rows
             ],
             fallback,
+            rows[0].get("reconciliation"),
         )
 
     def _member_predict(self, member: MemberModel, frame: pd.DataFrame,
@@ -194,8 +199,21 @@ class SegmentModel:
         """The members' weighted mean (``continued``: the global model's forecast of the
         rows from this series' history, when made with other series')."""
         total = sum(weight for _, weight in self.members)
-        return sum(self._member_predict(member, frame, continued) * (weight / total)
+        mean = sum(self._member_predict(member, frame, continued) * (weight / total)
                    for member, weight in self.members)
+        if self.reconciliation is None:
+            return mean
+        return mean + self.reconciled_shift(frame)
+
+    def reconciled_shift(self, frame: pd.DataFrame) -> np.ndarray:
+        """A reconciled hierarchy's series: what makes each row's forecast add up with
+        the other levels' (the reconciled minus this series' own forecast, per period
+        after its history; 0 outside the reconciled horizon)."""
+        steps, _ = kinds.forecasting.row_steps(prepare_features(frame, self.meta), self.meta)
+        shift = np.zeros(len(steps))
+        inside = (steps > 0) & (steps <= len(self.reconciliation))
+        shift[inside] = self.reconciliation[steps[inside] - 1]
+        return shift
 
     def predict_intervals(self, frame: pd.DataFrame, levels: list[float],
                           continued: np.ndarray | None = None) -> np.ndarray:
@@ -222,6 +240,8 @@ MANIFEST = "manifest.json"
 INDEX = "index.parquet"
 FALLBACK = "fallback.parquet"
 MEMBER_COLUMNS = ("kind", "payload", "meta", "weight")
+#: A reconciled hierarchy's member column: its series' forecast shift per period ahead.
+RECONCILIATION = "reconciliation"
 DEFAULT_CACHE_SEGMENTS = 2048
 NO_INTERVALS = ("this model has no prediction intervals: train it with forecast.intervals "
                 "(levels such as [80, 95])")

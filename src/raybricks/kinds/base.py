@@ -36,13 +36,16 @@ class SeriesMeta(TypedDict, total=False):
     integer step) and exogenous columns; the last period of its history (ISO date or
     integer) and how many periods after it it answers (``limit``); its ensemble's
     conformal interval offsets (``{"levels": [...], "offsets": [[...], ...]}``) when the
-    job asked for intervals. The global model's own meta has the first two only."""
+    job asked for intervals; its ensemble's signed backtest errors (``residuals``:
+    windows x horizon, actual minus forecast) when it is reconciled in a hierarchy. The
+    global model's own meta has the first two only."""
 
     frequency: Required[str | int]
     exogenous: Required[list[str]]
     last: str | int
     limit: int
     intervals: dict[str, Any]
+    residuals: list[list[float]]
 
 
 class MemberMeta(TypedDict, total=False):

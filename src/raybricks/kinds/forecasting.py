@@ -60,6 +60,7 @@ class ForecastSpec:
     windows: int
     step: int
     end: Any = None
+    residuals: bool = False  # store each series' backtest errors (a reconciled hierarchy)
 
 
 def future_times(frequency: str | int, last: Any, steps: int) -> pd.Index:

@@ -130,10 +130,10 @@ def cross_selected_errors(evaluations: list[Evaluation], actual: np.ndarray, pla
     return np.abs(actual - cross).reshape(-1, horizon)
 
 
-def series_meta(series: Series, plan: Plan, bounds: dict[str, Any] | None = None
-                ) -> MemberMeta:
+def series_meta(series: Series, plan: Plan, bounds: dict[str, Any] | None = None,
+                residuals: np.ndarray | None = None) -> MemberMeta:
     """What a stored member of this series needs to answer future dates (and
-    ``bounds``: its ensemble's interval offsets)."""
+    ``bounds``: its ensemble's interval offsets; ``residuals``: its backtest errors)."""
     last = series.frame[TIME].iloc[-1]
     spec = plan.forecast
     stored: SeriesMeta = {
@@ -142,21 +142,24 @@ def series_meta(series: Series, plan: Plan, bounds: dict[str, Any] | None = None
         "limit": answered(spec)}
     if bounds:
         stored["intervals"] = bounds
+    if residuals is not None:
+        stored["residuals"] = np.round(residuals, 10).tolist()
     return member_meta([plan.time_column, *spec.exogenous], plan.task, forecast=stored)
 
 
 def fitted_member(candidate: CandidateConfig, weight: float, params: dict[str, Any],
                   series: Series, plan: Plan, key: tuple,
-                  bounds: dict[str, Any] | None = None) -> dict[str, Any]:
+                  bounds: dict[str, Any] | None = None,
+                  residuals: np.ndarray | None = None) -> dict[str, Any]:
     """A chosen candidate refitted on the whole series, serialized."""
+    meta = series_meta(series, plan, bounds, residuals)
     if candidate is GLOBAL:  # the job's global model continues its stored history
         return member_row(GLOBAL, weight, {}, global_model.history_payload(series, plan),
-                          series_meta(series, plan, bounds))
+                          meta)
     kind = kinds.forecaster(candidate)
     seed = stable_seed(plan.seed, key, candidate.name, "fit")
     model = kind.fit_series(params, series.frame, seed, plan.threads, plan.forecast)
-    row = member_row(candidate, weight, params, kind.serialize(model),
-                     series_meta(series, plan, bounds))
+    row = member_row(candidate, weight, params, kind.serialize(model), meta)
     return row | {"kind": kind.name}
 
 
@@ -284,8 +287,10 @@ class SeriesUnit(Unit):
     def members(self, bt: Backtest, chosen: Chosen) -> list[dict[str, Any]]:
         bounds = intervals(cross_selected_errors(bt.evaluations, bt.actual, self.plan,
                                                  bt.cross), bt.divisor, self.plan)
+        residuals = (((bt.actual - bt.cross) * bt.divisor).reshape(
+            -1, self.plan.forecast.horizon) if self.plan.forecast.residuals else None)
         return [fitted_member(e.candidate, w, e.params, bt.series, self.plan, self.key,
-                              bounds) for e, w in chosen]
+                              bounds, residuals) for e, w in chosen]
 
     def served(self, error: Exception, row: SegmentResult) -> list[dict[str, Any]]:
         if not isinstance(error, Skip):

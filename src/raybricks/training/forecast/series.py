@@ -48,6 +48,7 @@ def forecast_spec(config: JobConfig) -> ForecastSpec:
             dates=tuple(sorted(holidays.dates)), before=holidays.before,
             after=holidays.after),
         windows=validation.windows, step=validation.step or forecast.horizon,
+        residuals=forecast.hierarchy is not None,
     )
 
 
