@@ -99,6 +99,12 @@ def test_a_hierarchy_the_data_does_not_follow_is_refused_naming_the_keys(spark, 
         "time_column": "t", "task": "forecast", "models": [
             {"name": "ets", "kind": "statsforecast", "estimator": "AutoETS"}],
         "forecast": {"horizon": 2, "frequency": 1, "hierarchy": ["region", "store"]}})
+    from raybricks.hierarchy import with_aggregates
+
+    fine = with_aggregates(spark.createDataFrame(stores.iloc[[0, 2]]), config).toPandas()
+    segments = fine[fine.level == "store/item"]  # they keep their region: one per store
+    assert segments.region.tolist() == ["N", "N"] and set(fine.level) == {
+        "total", "region", "region/store", "store/item"}
     with pytest.raises(DataError, match=r"no value of a level column.*store='s3', item='a'"):
         check_levels(spark.createDataFrame(stores), config)
     with pytest.raises(DataError, match=r"level region/store under more than one region: "

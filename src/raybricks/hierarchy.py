@@ -57,9 +57,10 @@ class Levels:
     @property
     def subtree_columns(self) -> list[str]:
         """The columns every series of an independent subtree shares: those of every
-        level (none where there is a total or the levels cross)."""
+        aggregate level (the segments have every column; none where there is a total or
+        the levels cross)."""
         shared = set(self.levels[0])
-        for level in self.levels[1:]:
+        for level in self.levels[1:-1]:
             shared &= set(level)
         return [c for c in self.columns if c in shared]
 
@@ -146,17 +147,17 @@ def with_aggregates(df: DataFrame, config: JobConfig) -> DataFrame:
     target, time = config.target, config.time_column
     types = {c: df.schema[c].dataType for c in levels.columns}
 
-    def keyed(frame: DataFrame, level: list[str]) -> DataFrame:
+    def keyed(frame: DataFrame, level: list[str], kept: list[str]) -> DataFrame:
         return frame.select(
             F.lit(levels.name(level)).alias(LEVEL_COLUMN),
-            *[(F.col(c) if c in level else F.lit(None)).cast(types[c]).alias(c)
+            *[(F.col(c) if c in kept else F.lit(None)).cast(types[c]).alias(c)
               for c in levels.columns],
             F.col(time), F.col(target).cast("double").alias(target))
 
-    frames = [keyed(df, levels.bottom)]
+    frames = [keyed(df, levels.bottom, levels.columns)]  # a segment has every column
     for level in levels.levels[:-1]:
         summed = df.groupBy(*level, time).agg(F.sum(target).alias(target))
-        frames.append(keyed(summed, level))
+        frames.append(keyed(summed, level, level))
     out = frames[0]
     for frame in frames[1:]:
         out = out.unionByName(frame)
