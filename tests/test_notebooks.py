@@ -269,3 +269,24 @@ def test_05_trains_forecasters_and_writes_every_series_forecast(spark, ray_addre
                                written.prediction.to_numpy(), rtol=1e-9)
     assert list(one.kind.unique()) == ["history", "forecast"]
     assert (one.kind == "forecast").sum() == 3
+
+
+@pytest.mark.heavy
+def test_06_trains_every_level_and_its_forecasts_add_up(spark, ray_address, tmp_path):
+    pytest.importorskip("hierarchicalforecast")
+    overrides = ["source.table=notebook_prison", "cluster.mode=address",
+                 f"cluster.address={ray_address}", "registry.name=tests.notebooks.hierarchy",
+                 f"training.output_dir={tmp_path / 'runs'}", "training.progress=false",
+                 "validation.windows=2", "models=[{name: ets, kind: statsforecast, "
+                 "estimator: AutoETS, params: {season_length: 4}}]"]
+    run = run_notebook("06_hierarchical_forecasts.py", spark, {
+        "config_path": str(NOTEBOOKS.parent / "jobs" / "prison_hierarchy.yml"),
+        "overrides": " ; ".join(overrides), "output_table": str(tmp_path / "forecasts"),
+        "write_example": "yes"})
+    statuses, added, total = run.shown
+    assert statuses.sum(axis=1).to_dict() == {
+        "total": 1, "state": 8, "gender": 2, "legal": 2, "state/gender": 16,
+        "state/legal": 16, "gender/legal": 4, "state/gender/legal": 32}
+    assert len(added) == 7 and (added["largest difference"] < 1e-6).all()
+    assert (total.kind == "forecast").sum() == 8
+    assert run.namespace["summary"].rows == 81 * 8
