@@ -22,11 +22,17 @@ os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 MASTER = os.environ.get("RAYBRICKS_TEST_MASTER") or None
 
 
+#: Also run the tests marked ``extended`` (slow variants of what other tests cover).
+EXTENDED = os.environ.get("RAYBRICKS_EXTENDED_TESTS") == "1"
+
+
 def pytest_collection_modifyitems(config, items):
     """On another master, only the tests marked ``topology`` run; in local mode, all but
-    those marked ``cluster_only``."""
+    those marked ``cluster_only``. Tests marked ``extended`` run only where
+    ``RAYBRICKS_EXTENDED_TESTS=1``."""
     wanted = "cluster_only" if MASTER is None else "topology"
-    chosen = [item for item in items if (wanted in item.keywords) == (MASTER is not None)]
+    chosen = [item for item in items if (wanted in item.keywords) == (MASTER is not None)
+              and (EXTENDED or "extended" not in item.keywords)]
     config.hook.pytest_deselected(items=[item for item in items if item not in chosen])
     items[:] = chosen
 

@@ -31,7 +31,6 @@ from raybricks.scoring import (
     fetch_model,
     forecast,
     future_rows,
-    future_schema,
     score,
 )
 from raybricks.segmented_model import SegmentModel
@@ -837,8 +836,9 @@ def test_forecast_and_score_name_the_segments_they_cannot_serve(ray_on_spark, sp
     for time_type, expected in (("date", first.date()), ("timestamp", first.tz_localize("UTC")),
                                 ("timestamp_ntz", first)):
         typed = manifest | {"forecast": manifest["forecast"] | {"time_type": time_type}}
-        frame = spark.createDataFrame(future_rows(directory, typed, 2),
-                                      future_schema(directory, typed))
+        frame, served = future_rows(spark, directory, typed, 2)
+        index = pd.read_parquet(directory / "index.parquet")
+        assert served == (index.shard >= 0).sum() == 2  # ok0 and ok1
         frame.write.mode("overwrite").parquet(str(tmp_path / time_type))
         back = pd.read_parquet(tmp_path / time_type).sort_values(["store", "day"])
         assert back.day.iloc[0] == expected and type(back.day.iloc[0]) is type(expected)

@@ -197,6 +197,7 @@ def test_interrupted_driver_cleans_up_and_resume_finishes_like_an_uninterrupted_
 
 
 @pytest.mark.heavy
+@pytest.mark.extended  # ~110 s
 def test_two_jobs_at_once_share_nothing_and_both_succeed(ray_on_spark, tmp_path):
     source = tmp_path / "source.parquet"
     faults.stores({"meet": "barrier"}, regular=6).to_parquet(source)

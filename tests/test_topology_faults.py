@@ -335,6 +335,8 @@ def test_an_executor_killed_mid_training_loses_no_segment_and_resume_finishes_th
     assert not left, left
 
 
+# extended: ~3 min; the executor killed mid-training above runs in CI
+@pytest.mark.extended
 def test_a_ray_node_killed_while_ray_starts_is_replaced_and_sigterm_in_a_spark_job_stops_all(
         tmp_path, job_folder):
     """The first Ray worker node's raylet, SIGKILLed while ``setup_ray_cluster`` waits for

@@ -281,7 +281,9 @@ def test_large_segment_goes_through_ray_train(ray_on_spark, spark, tmp_path):
     # local mode: ~80 s a run
     pytest.param("xgboost", "tests.wrappedkinds.LostWorkerXGBoost",
                  marks=[pytest.mark.topology, pytest.mark.cluster_only]),
-    ("lightgbm", "tests.wrappedkinds.LostWorkerLightGBM")])
+    # extended: the same resumption as XGBoost's, ~90 s
+    pytest.param("lightgbm", "tests.wrappedkinds.LostWorkerLightGBM",
+                 marks=pytest.mark.extended)])
 def test_large_segment_resumes_from_its_checkpoint_when_a_ray_train_worker_dies(
     ray_on_spark, spark, tmp_path, caplog, kind, lost
 ):

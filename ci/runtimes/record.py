@@ -7,6 +7,7 @@ suite's outcome (``build/runtimes/<profile>.json``, read by ``table.py``).
 from __future__ import annotations
 
 import json
+import os
 import platform
 import sys
 import xml.etree.ElementTree as ET
@@ -38,6 +39,8 @@ def main(profile: str, junit: str) -> None:
         "python": ".".join(platform.python_version_tuple()[:2]),  # patch releases vary
         "packages": {name: installed(name) for name in PACKAGES},
         "outcome": outcome(Path(junit)),
+        # "core": the profile ran part of the suite (SUITE in its profile.env)
+        "suite": os.environ.get("RUNTIME_SUITE") or "full",
     }
     target = Path("build/runtimes") / f"{profile}.json"
     target.write_text(json.dumps(record, indent=2) + "\n")

@@ -53,6 +53,8 @@ def row(profile: str, record: dict) -> str:
     outcome = record["outcome"]
     bad = outcome["failures"] + outcome["errors"]
     verdict = "passed" if outcome["tests"] and not bad else f"{bad} failed"
+    if record.get("suite") == "core":
+        verdict += " (core tests)"
     return "| " + " | ".join([name, python, *versions, upgrades, verdict]) + " |"
 
 

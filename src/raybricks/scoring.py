@@ -50,6 +50,7 @@ from raybricks.sources import read_source, source_of
 
 if TYPE_CHECKING:
     import pandas as pd
+    import pyarrow as pa
     from pyspark.sql import DataFrame, SparkSession
 
 log = logging.getLogger(__name__)
@@ -444,8 +445,7 @@ def forecast(
                              f"this model answers (trained horizon {spec['horizon']})")
     directory = local / "artifacts" / "segments"
     segment_by = manifest["segment_by"]
-    future = future_rows(directory, manifest, horizon)
-    rows = spark.createDataFrame(future, future_schema(directory, manifest))
+    rows, served = future_rows(spark, directory, manifest, horizon)
     missing = None  # every segment of the model: those without one (``_score``)
     if segments is not None:
         wanted = segments if not isinstance(segments, str) else read_source(
@@ -456,27 +456,57 @@ def forecast(
                             how="left_anti").withColumn("segment_status",
                                                         F.lit(None).cast("string"))
     return _score(model_uri, local, manifest, rows, output, spark, False, cache_segments,
-                  partitions, start, intervals, len(future) if segments is None else None,
+                  partitions, start, intervals, served * horizon if segments is None else None,
                   missing, every_segment=segments is None)
 
 
-def future_rows(directory: Path, manifest: dict, horizon: int) -> pd.DataFrame:
-    """Per segment with a model, its next ``horizon`` periods: the segment columns and
-    the time column (typed as in training: dates, timestamps in UTC with a time zone,
-    naive timestamps, integers; ``future_schema``)."""
+def future_rows(spark: SparkSession, directory: Path, manifest: dict, horizon: int
+                ) -> tuple[DataFrame, int]:
+    """Per segment with a model, its next ``horizon`` periods, as a Spark DataFrame: the
+    segment columns and the time column (typed as in training: dates, timestamps in UTC
+    with a time zone, naive timestamps, integers; ``future_schema``); and how many
+    segments. The driver reads each segment's key and last date (Arrow columns); Spark's
+    tasks make the periods."""
+    lasts = series_lasts(directory, manifest["segment_by"])
+    segment_by = manifest["segment_by"]
+
+    def periods(batches):
+        for batch in batches:
+            keys = batch[segment_by].astype(object).where(batch[segment_by].notna(), None)
+            stamps = [int(v) if isinstance(manifest["forecast"]["frequency"], int) else v
+                      for v in batch["last"]]
+            yield future_frame(dict(zip(map(tuple, keys.to_numpy()), stamps, strict=True)),
+                               manifest, horizon)
+
+    from pyspark.sql import types as T
+
+    schema = T.StructType([*key_types(directory, segment_by),
+                           T.StructField("last", T.StringType())])
+    frame = spark.createDataFrame(lasts.to_pandas(), schema)
+    return frame.mapInPandas(periods, future_schema(directory, manifest)), lasts.num_rows
+
+
+def series_lasts(directory: Path, segment_by: list[str]) -> pa.Table:
+    """Every segment with a model: its key columns and ``last``, its history's last
+    period as its stored meta has it (a string), from the first member row of each."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from raybricks.segmented_model import SHARDS, key_tuples
+    from raybricks.data import segment_starts
+    from raybricks.segmented_model import SHARDS
 
-    segment_by = manifest["segment_by"]
-    lasts: dict[tuple, object] = {}
+    parts = []
     for shard in sorted(directory.glob(SHARDS)):
         table = pq.read_table(shard, columns=[*segment_by, "meta"])
-        for key, meta in zip(key_tuples(table, segment_by),
-                             table.column("meta").to_pylist(), strict=True):
-            if key not in lasts:
-                lasts[key] = json.loads(meta)["forecast"]["last"]
-    return future_frame(lasts, manifest, horizon)
+        first = table.take(pa.array(segment_starts(table, segment_by), pa.int64()))
+        lasts = [str(json.loads(meta)["forecast"]["last"])
+                 for meta in first.column("meta").to_pylist()]
+        parts.append(first.select(segment_by).append_column("last", pa.array(lasts)))
+    if not parts:
+        index = pq.read_schema(directory / INDEX)
+        return pa.table({**{c: pa.array([], index.field(c).type) for c in segment_by},
+                         "last": pa.array([], pa.string())})
+    return pa.concat_tables(parts)
 
 
 def future_frame(lasts: dict[tuple, object], manifest: dict, horizon: int) -> pd.DataFrame:
