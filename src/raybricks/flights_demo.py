@@ -277,6 +277,13 @@ def forecast_report(trained_report: TrainingReport, holdout: dict[str, float],
                                    trained["chosen"].map(json.loads).explode()
                                    .value_counts().items()),
         ]
+    if "fit_seconds" in result.segments:
+        fits = result.segments["fit_seconds"].astype(float).dropna()
+        lines.append(
+            f"cost per route: {fits.mean():.2f} core-seconds of its own backtests and fits (median "
+            f"{fits.median():.2f}); {len(result.segments) / result.seconds:.1f} routes/s in "
+            "training; per kind of candidate and how it grows with series, history, "
+            "windows and horizon: docs/forecasting.md (Speed: what a series costs)")
     lines += [
         f"held-out Dec 4-31, {holdout['rows']:,} route-days of {holdout['routes']} routes: "
         f"MAE {holdout['model_mae']:.3f} departures/day vs {holdout['naive_mae']:.3f} for "
