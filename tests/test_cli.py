@@ -158,6 +158,7 @@ def test_validate_reports_an_unreachable_source_and_exit_codes(spark, tmp_path, 
 
 
 @pytest.mark.heavy
+@pytest.mark.extended  # ~50 s; interrupts: test_reliability's run in CI
 def test_ctrl_c_shuts_down_keeps_results_and_prints_the_resume_command(ray_on_spark,
                                                                       tmp_path):
     """A segment's fit waits for a file; Ctrl-C meanwhile ends the job with 130 and the
@@ -388,6 +389,7 @@ print("TRAINED", flush=True)
 
 
 @pytest.mark.heavy
+@pytest.mark.extended  # ~45 s; the API's stage display runs in CI
 def test_the_python_api_keeps_ray_on_sparks_start_up_lines_in_the_run_log(tmp_path):
     """``raybricks.train`` in a script starts Ray on Spark for the run: what its head
     node's ``ray start`` prints and the autoscaler's events, which Ray prints on the

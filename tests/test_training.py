@@ -213,6 +213,7 @@ def test_bayes_search_spread_over_tasks_matches_in_process_fit(ray_on_spark, spa
 
 
 @pytest.mark.heavy
+@pytest.mark.extended  # ~85 s; bayes search itself: tests/test_search.py
 def test_large_segment_bayes_search_uses_optuna_with_asha(ray_on_spark, spark, tmp_path):
     rng = np.random.default_rng(1)
     n = 1500
@@ -280,10 +281,9 @@ def test_large_segment_goes_through_ray_train(ray_on_spark, spark, tmp_path):
     # XGBoost on the multi-executor Spark only (Ray on Spark's cluster path), LightGBM in
     # local mode: ~80 s a run
     pytest.param("xgboost", "tests.wrappedkinds.LostWorkerXGBoost",
-                 marks=[pytest.mark.topology, pytest.mark.cluster_only]),
-    # extended: the same resumption as XGBoost's, ~90 s
-    pytest.param("lightgbm", "tests.wrappedkinds.LostWorkerLightGBM",
-                 marks=pytest.mark.extended)])
+                 marks=[pytest.mark.topology, pytest.mark.cluster_only,
+                        pytest.mark.extended]),  # ~120 s
+    ("lightgbm", "tests.wrappedkinds.LostWorkerLightGBM")])
 def test_large_segment_resumes_from_its_checkpoint_when_a_ray_train_worker_dies(
     ray_on_spark, spark, tmp_path, caplog, kind, lost
 ):
