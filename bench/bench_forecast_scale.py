@@ -34,6 +34,9 @@ Methods, in one run on the same series:
   JVM and of the other processes below it (Ray, Spark's Python workers), and the CPU
   seconds of that whole process tree. The run's results Parquet gives every series' status and
   ``fit_seconds`` (the core time of its backtests, selection and refit inside a task).
+* ``statsforecast on Spark`` (``--spark-peer``), as a job: a process of its own starts a
+  local Spark on every core and runs the same cross-validation, forecast and choice on
+  Spark DataFrames (statsforecast's Fugue backend), timed from start to end.
 * ``statsforecast``, in-process, as its documentation does model selection:
   ``StatsForecast(models, freq='D', n_jobs=-1).cross_validation(h=7, n_windows=7,
   step_size=1)``, ``forecast(h=7)``, per series the model of least backtest MAE (the
@@ -411,6 +414,61 @@ def mlflow_metrics(uri: str, output: list[str]) -> dict[str, float]:
 
 # --------------------------------------------------------------------------- statsforecast
 
+#: statsforecast on Spark as a job: its own process starts a local Spark with every core,
+#: and runs the same cross-validation, forecast and choice with Spark DataFrames (its
+#: Fugue backend), the backtests and forecasts collected for the choice.
+SPARK_JOB = """
+import json, sys, time
+start = time.perf_counter()
+import numpy as np, pandas as pd
+sys.path.insert(0, {bench!r})
+from bench_forecast_scale import HORIZON, WINDOWS, STEP, statsforecast_models
+from raybricks.session import local_spark_session
+from statsforecast import StatsForecast
+parts = {{}}
+spark = local_spark_session(cores={cores})
+parts["spark start"] = time.perf_counter() - start
+t = time.perf_counter()
+frame = spark.read.parquet({table!r}).toDF("unique_id", "ds", "y")
+models = statsforecast_models({config!r})
+names = [repr(m) for m in models]
+sf = StatsForecast(models=models, freq="D")
+cv = sf.cross_validation(df=frame, h=HORIZON, n_windows=WINDOWS, step_size=STEP).toPandas()
+parts["cross_validation"] = time.perf_counter() - t
+t = time.perf_counter()
+forecasts = sf.forecast(df=frame, h=HORIZON).toPandas()
+parts["forecast"] = time.perf_counter() - t
+t = time.perf_counter()
+errors = cv[names].sub(cv["y"], axis=0).abs()
+errors["unique_id"] = cv["unique_id"].to_numpy()
+best = errors.groupby("unique_id")[names].mean().idxmin(axis=1)
+column = forecasts["unique_id"].map(best).astype(str)
+values = forecasts[names].to_numpy()
+picked = values[np.arange(len(values)), pd.Index(names).get_indexer(column)]
+pd.DataFrame({{"series": forecasts["unique_id"].astype(str), "day": forecasts["ds"],
+              "prediction": picked}}).to_parquet({out!r}, index=False)
+parts["selection and write"] = time.perf_counter() - t
+print("PARTS " + json.dumps({{"parts": parts, "series": int(len(best))}}), flush=True)
+"""
+
+
+def run_statsforecast_spark(config: str, table: Path, workdir: Path) -> dict[str, Any]:
+    """statsforecast on Spark as a job (``SPARK_JOB`` in a process of its own), timed
+    from the process's start to its end."""
+    code = SPARK_JOB.format(bench=str(Path(__file__).parent), cores=os.cpu_count(),
+                            table=str(table), config=config,
+                            out=str(workdir / "statsforecast-spark.parquet"))
+    start = time.perf_counter()
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=workdir)
+    seconds = time.perf_counter() - start
+    if done.returncode:
+        raise RuntimeError(f"statsforecast on Spark failed: {done.stderr[-3000:]}")
+    found = json.loads(next(line for line in done.stdout.splitlines()
+                            if line.startswith("PARTS "))[6:])
+    print(f"statsforecast on Spark (a job): {seconds:.1f} s {found['parts']}", flush=True)
+    return found | {"seconds": seconds}
+
 
 def statsforecast_models(config: str) -> list:
     import statsforecast.models as sm
@@ -598,6 +656,17 @@ def report(key: str, run: dict[str, Any]) -> None:
         print(f"\nraybricks vs statsforecast in-process (ratio of series/s): whole job "
               f"(train + forecast CLIs vs every part) {sf['seconds'] / whole:.2f}x; training "
               f"stage vs cross_validation + forecast {fitting / training:.2f}x")
+    spark_peer = run.get("statsforecast_spark")
+    if spark_peer:
+        print("\n| statsforecast on Spark, a job | seconds | series/s |")
+        print("|---|---:|---:|")
+        for name, seconds in {**spark_peer["parts"], "**whole job**": spark_peer["seconds"]
+                              }.items():
+            print(f"| {name} | {seconds:.1f} | {n / seconds:,.1f} |")
+        if rb:
+            whole = rb["train"]["seconds"] + rb["forecast"]["seconds"]
+            print(f"raybricks as a job (train + forecast CLIs) vs statsforecast on Spark as "
+                  f"a job: {spark_peer['seconds'] / whole:.2f}x (goal: 2x)")
 
 
 def on_paper(runs: dict[str, Any], target: int = 1_000_000) -> None:
@@ -703,6 +772,8 @@ def main() -> None:
     parser.add_argument("--config", choices=sorted(CONFIGS), default="cheap")
     parser.add_argument("--skip-peer", action="store_true",
                         help="raybricks only (no statsforecast in-process)")
+    parser.add_argument("--spark-peer", action="store_true",
+                        help="also statsforecast on Spark, as a job of its own")
     parser.add_argument("--skip-raybricks", action="store_true",
                         help="statsforecast in-process only")
     parser.add_argument("--label", default=None,
@@ -738,6 +809,8 @@ def main() -> None:
             run["raybricks"] = run_raybricks(args.config, table, args.series, workdir)
         if not args.skip_peer:
             run["statsforecast"] = run_statsforecast(args.config, table, workdir)
+        if args.spark_peer:
+            run["statsforecast_spark"] = run_statsforecast_spark(args.config, table, workdir)
     except BaseException:
         print(f"kept {workdir} (the run's log is under runs/ and .raybricks/logs/)")
         raise
