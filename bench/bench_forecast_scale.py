@@ -429,7 +429,10 @@ parts = {{}}
 spark = local_spark_session(cores={cores})
 parts["spark start"] = time.perf_counter() - start
 t = time.perf_counter()
-frame = spark.read.parquet({table!r}).toDF("unique_id", "ds", "y")
+from pyspark.sql import functions as F
+frame = spark.read.parquet({table!r}).toDF("unique_id", "ds", "y").select(
+    F.col("unique_id").cast("string"), F.col("ds").cast("timestamp"),
+    F.col("y").cast("double"))
 models = statsforecast_models({config!r})
 names = [repr(m) for m in models]
 sf = StatsForecast(models=models, freq="D")
