@@ -121,7 +121,8 @@ def reconcile(result: TrainingResult, config: JobConfig, cpus: int) -> Reconcile
 
 def subtree_batches(keys: pa.Table, shared: list[str], tasks: int) -> list[pa.Table]:
     """The series' keys in at most ``tasks`` batches of whole subtrees (those sharing the
-    ``shared`` columns' values), each with a ``subtree`` number; the largest first."""
+    ``shared`` columns' values), each row with its ``subtree`` number; each subtree, the
+    largest first, goes to the least loaded batch."""
     frame = keys.to_pandas()
     if shared:
         codes = frame.groupby(shared, dropna=False, sort=False).ngroup().to_numpy()
@@ -151,8 +152,9 @@ def reconcile_batch(store_dir: str, batch: pa.Table, structure: dict[str, Any], 
     subtrees = batch.column("subtree").to_numpy()
     shifts = np.zeros_like(base)
     found = Reconciled()
-    for subtree in np.unique(subtrees):
-        rows = np.flatnonzero(subtrees == subtree)
+    order = np.argsort(subtrees, kind="stable")
+    cuts = np.flatnonzero(np.diff(subtrees[order])) + 1
+    for rows in np.split(order, cuts):  # each subtree's rows
         frame = keys.take(pa.array(rows)).to_pandas()
         shifts[rows], done = reconcile_tree(frame, base[rows], residuals[rows], layout)
         found = found.add(done)
