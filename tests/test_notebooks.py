@@ -114,7 +114,7 @@ def test_every_notebook_is_a_source_notebook_with_widgets():
     names = sorted(p.name for p in NOTEBOOKS.glob("*.py"))
     assert names == ["01_train_per_segment.py", "02_inspect_results.py",
                      "03_score_with_registered_model.py", "04_ray_on_spark.py",
-                     "05_forecast_many_series.py"]
+                     "05_forecast_many_series.py", "06_hierarchical_forecasts.py"]
     for name in names:
         text = (NOTEBOOKS / name).read_text()
         assert text.split(SEPARATOR)[0].splitlines()[1].startswith("# MAGIC %md")
