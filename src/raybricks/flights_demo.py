@@ -277,7 +277,7 @@ def forecast_report(trained_report: TrainingReport, holdout: dict[str, float],
                                    trained["chosen"].map(json.loads).explode()
                                    .value_counts().items()),
         ]
-    if "fit_seconds" in result.segments:
+    if "fit_seconds" in result.segments and result.seconds > 0:
         fits = result.segments["fit_seconds"].astype(float).dropna()
         lines.append(
             f"cost per route: {fits.mean():.2f} core-seconds of its own backtests and fits (median "
