@@ -188,11 +188,6 @@ class HolidaysConfig(StrictModel):
         return self
 
 
-#: Reconciliation methods of ``forecast.hierarchy.method`` (hierarchicalforecast's).
-RECONCILE_METHODS = ("bottom_up", "top_down", "middle_out", "min_trace_ols",
-                     "min_trace_wls_struct", "min_trace_shrink")
-
-
 class HierarchyConfig(StrictModel):
     """``forecast.hierarchy``: the aggregate levels above the series (the segments), and
     how their forecasts are made to add up.

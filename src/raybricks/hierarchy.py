@@ -47,6 +47,11 @@ class Levels:
     def bottom(self) -> list[str]:
         return self.levels[-1]
 
+    @property
+    def extra(self) -> list[str]:
+        """The level columns that are not segment columns (a store's region)."""
+        return [c for c in self.columns if c not in self.bottom]
+
     def name(self, level: list[str]) -> str:
         return level_name(level) if level else TOTAL
 
@@ -86,10 +91,7 @@ def check_levels(df: DataFrame, config: JobConfig) -> None:
     from pyspark.sql import functions as F
 
     levels = Levels.of(config)
-    bottom = levels.bottom
-    extra = [c for c in levels.columns if c not in bottom]
-    if not levels.columns:
-        return
+    bottom, extra = levels.bottom, levels.extra
     missing = df.where(F.greatest(*[F.col(c).isNull().cast("int") for c in levels.columns],
                                   F.lit(0)) == 1).select(*bottom).distinct().limit(SHOWN)
     found = missing.collect()

@@ -112,10 +112,7 @@ def hierarchical(config: JobConfig) -> bool:
 
 def hierarchy_columns(config: JobConfig) -> list[str]:
     """The hierarchy's level columns that are not segment columns."""
-    if not hierarchical(config):
-        return []
-    return [c for level in config.forecast.hierarchy.levels for c in level
-            if c not in config.segment_by]
+    return hierarchy.Levels.of(config).extra if hierarchical(config) else []
 
 
 def check_frequency(df: DataFrame, config: JobConfig, spec: ForecastSpec) -> None:

@@ -13,7 +13,6 @@ shift with the series' members; the registered model adds it to its forecasts.
 from __future__ import annotations
 
 import inspect
-import logging
 import shutil
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -32,7 +31,6 @@ from raybricks.segmented_model import INDEX, RECONCILIATION, SegmentStore, key_t
 if TYPE_CHECKING:
     from raybricks.results import TrainingResult
 
-log = logging.getLogger(__name__)
 #: Above this many segments (bottom series) a tree is reconciled with hierarchicalforecast's
 #: sparse methods (the shrunk covariance then becomes its diagonal: ``wls_var``).
 SPARSE_FROM = 2_000

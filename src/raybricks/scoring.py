@@ -467,14 +467,14 @@ def future_rows(spark: SparkSession, directory: Path, manifest: dict, horizon: i
     with a time zone, naive timestamps, integers; ``future_schema``); and how many
     segments. The driver reads each segment's key and last date (Arrow columns); Spark's
     tasks make the periods."""
-    lasts = series_lasts(directory, manifest["segment_by"])
     segment_by = manifest["segment_by"]
+    lasts = series_lasts(directory, segment_by)
+    steps = isinstance(manifest["forecast"]["frequency"], int)  # integer time, not dates
 
     def periods(batches):
         for batch in batches:
             keys = batch[segment_by].astype(object).where(batch[segment_by].notna(), None)
-            stamps = [int(v) if isinstance(manifest["forecast"]["frequency"], int) else v
-                      for v in batch["last"]]
+            stamps = [int(v) if steps else v for v in batch["last"]]
             yield future_frame(dict(zip(map(tuple, keys.to_numpy()), stamps, strict=True)),
                                manifest, horizon)
 
