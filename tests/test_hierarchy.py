@@ -208,6 +208,7 @@ def test_a_series_without_a_forecast_counts_as_zero_and_is_reported():
 # --------------------------------------------------------------------------- end to end
 
 
+@pytest.mark.topology
 def test_registered_forecasts_add_up_at_every_level_without_raybricks(
         ray_on_spark, spark, tmp_path):
     import mlflow
