@@ -124,3 +124,21 @@ def test_time_ordered_differences_are_tested_over_blocks():
     assert not mae.clearly_better(y, pred, reference, margin=1.0, blocks=5)
     steady = 1 - 0.12 + noise  # the same lead, every row
     assert mae.clearly_better(y, steady, reference, margin=1.0, blocks=5)
+
+
+@pytest.mark.parametrize("name", ["rmse", "mae", "mase", "smape", "mape", "wape", "r2"])
+def test_scores_without_each_group_equal_the_metric_on_the_other_rows(name):
+    """Cross-fitting's scores with a window or fold held out: the shortcut over the mean
+    of row losses gives what the metric gives on the remaining rows."""
+    rng = np.random.default_rng(3)
+    y = rng.normal(5, 2, 42)
+    y[::9] = 0.0  # mape leaves zero actuals out
+    predictions = [y + rng.normal(0, s, 42) for s in (0.5, 1.0, 3.0)]
+    groups = np.arange(42) % 6 if name == "mae" else np.arange(42) // 7  # interleaved too
+    labels = np.unique(groups)
+    metric = metrics.metric(name)
+    found = metric.scores_without(y, predictions, groups, labels)
+    expected = [[metric.score(y[groups != g], p[groups != g]) for p in predictions]
+                for g in labels]
+    assert found.shape == (len(labels), len(predictions))
+    np.testing.assert_allclose(found, expected, rtol=1e-12, atol=1e-12)

@@ -128,6 +128,14 @@ def brier_scores(y: np.ndarray, proba: np.ndarray) -> np.ndarray:
     return np.sum((proba - truth) ** 2, axis=1)
 
 
+def _itself(value: float) -> float:
+    return value
+
+
+def _root(value: float) -> float:
+    return float(np.sqrt(value))
+
+
 def _missing(value: float | None) -> bool:
     return value is None or value != value  # None or NaN
 
@@ -149,10 +157,28 @@ class Metric:
     #: that is not a mean over rows, a proper one of the same predictions (auc, f1: the
     #: Brier score; bias: absolute errors). Paired tests compare predictions with it.
     row_loss: Callable[[np.ndarray, np.ndarray], np.ndarray] = absolute_errors
+    #: for a metric that is a function of the mean of ``row_loss`` (mae: itself, rmse:
+    #: its square root), that function: ``scores_without`` then needs no row twice
+    of_mean: Callable[[float], float] | None = None
 
     def score(self, y: np.ndarray, pred: np.ndarray) -> float:
         """The metric of predictions ``pred`` against actual values ``y``."""
         return self.function(y, pred)
+
+    def scores_without(self, y: np.ndarray, predictions: list[np.ndarray],
+                       groups: np.ndarray, labels: np.ndarray) -> np.ndarray:
+        """The metric of every prediction vector on the rows outside each group (``labels``
+        x predictions): what each candidate scores when a fold or window is held out."""
+        if self.of_mean is None:
+            return np.array([[self.score(y[groups != g], p[groups != g]) for p in predictions]
+                             for g in labels], dtype=float)
+        losses = np.stack([self.row_loss(y, p) for p in predictions])  # candidates x rows
+        member = (groups[None, :] == labels[:, None]).astype(float)  # groups x rows
+        inside = member @ losses.T  # groups x candidates
+        rest = len(y) - member.sum(axis=1, keepdims=True)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            means = (losses.sum(axis=1)[None, :] - inside) / rest
+        return np.vectorize(self.of_mean, otypes=[float])(np.maximum(means, 0.0))
 
     def fits(self, task: str) -> bool:
         return task in self.tasks
@@ -254,17 +280,17 @@ METRICS: dict[str, Metric] = {
     m.name: m
     for m in (
         Metric("rmse", rmse, _REGRESSION, greater_is_better=False,
-               row_loss=squared_errors),
+               row_loss=squared_errors, of_mean=_root),
         Metric("mae", mae, _REGRESSION, greater_is_better=False,
-               row_loss=absolute_errors),
+               row_loss=absolute_errors, of_mean=_itself),
         Metric("mape", mape, _REGRESSION, greater_is_better=False,
                row_loss=percentage_errors),
         Metric("smape", smape, _REGRESSION, greater_is_better=False,
-               row_loss=symmetric_errors),
+               row_loss=symmetric_errors, of_mean=_itself),
         Metric("r2", r2, frozenset({"regression"}), greater_is_better=True,
                row_loss=squared_errors),
         Metric("mase", mae, _FORECAST, greater_is_better=False, scaled=True,
-               row_loss=absolute_errors),
+               row_loss=absolute_errors, of_mean=_itself),
         Metric("wape", wape, _FORECAST, greater_is_better=False,
                row_loss=absolute_errors),
         Metric("bias", bias, _FORECAST, greater_is_better=False, signed=True,

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import traceback
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -166,18 +166,17 @@ def cross_fitted(evaluations: list[Evaluation], y: np.ndarray, groups: np.ndarra
         return np.full(len(y), np.nan)
     whole = blended(select(fitted, y, plan) if chosen is None else chosen)
     found = np.array(whole, dtype=float, copy=True)
-    for group in np.unique(groups):
-        inside = groups == group
-        others = np.flatnonzero(~inside)
-        rest = y[others]
-        rescored = []
-        for e in fitted:
-            kept = e.predictions[others]
-            rescored.append(replace(e, value=metric.score(rest, kept), predictions=kept))
-        if not all(np.isfinite(e.value) for e in rescored):
+    labels = np.unique(groups)
+    values = metric.scores_without(y, [e.predictions for e in fitted], groups, labels)
+    for group, scores in zip(labels, values, strict=True):
+        if not np.isfinite(scores).all():
             continue
+        inside = groups == group
+        others = ~inside
+        rescored = [Evaluation(e.candidate, e.params, float(value), e.predictions[others])
+                    for e, value in zip(fitted, scores, strict=True)]
         original = {id(r): e for r, e in zip(rescored, fitted, strict=True)}
-        chosen = select(rescored, rest, plan)
+        chosen = select(rescored, y[others], plan)
         found[inside] = sum(original[id(e)].predictions[inside] * w for e, w in chosen)
     return found
 
