@@ -139,10 +139,21 @@ def plan_for(frame: pd.DataFrame, tmp_path, **changes):
      "forecast.duplicates: .*'skip', 'sum', 'mean',? (or )?'last' \\(got 'max'\\)"),
     ({"forecast": {"horizon": 7, "frequency": "D", "gaps": "fill"}},
      "forecast.gaps: .*'skip', 'zero',? (or )?'forward' \\(got 'fill'\\)"),
+    ({"forecast": {"horizon": 7, "frequency": "D", "exogenous": ["promo"],
+                   "output": "out"}}, "needs their future values"),
 ])
 def test_inconsistent_forecast_configs_are_clear_errors(tmp_path, changes, message):
     with pytest.raises(ConfigError, match=message):
         forecast_job(tmp_path, **changes)
+
+
+def test_forecast_output_needs_the_logged_model(tmp_path):
+    from raybricks.pipeline import check_job
+
+    config = forecast_job(tmp_path, forecast={"horizon": 7, "frequency": "D",
+                                              "output": str(tmp_path / "out")})
+    with pytest.raises(ConfigError, match="train with register=True"):
+        check_job(config, register=False)
 
 
 def test_backtest_belongs_to_task_forecast(tmp_path):

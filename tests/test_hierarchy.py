@@ -225,9 +225,10 @@ def test_registered_forecasts_add_up_at_every_level_without_raybricks(
                  source={"path": str(tmp_path / "prison.parquet")},
                  registry={"name": name}, forecast={
                      "horizon": 4, "frequency": "QS-MAR", "intervals": [80],
-                     "hierarchy": {"levels": [["state"], ["gender"]]}})
+                     "hierarchy": {"levels": [["state"], ["gender"]]},
+                     "output": str(tmp_path / "forecasts")})
     report = pipeline.train(config, spark)
-    assert "reconciliation" in report.timings
+    assert "reconciliation" in report.timings and "forecasts" in report.timings
     rows = report.result.segments
     assert len(rows) == 1 + 3 + 2 + 12 and report.accounting["source_segments"] == 18
     skipped = rows[rows.status == "skipped"]
@@ -251,6 +252,14 @@ model.predict(frame, params={{"intervals": True}}).to_parquet(
     run_without_raybricks(code)
     out = pd.concat([future, pd.read_parquet(tmp_path / "out.parquet")], axis=1)
     assert out.prediction.notna().all()
+    # forecast.output: the same job wrote what the registered model answers, every series
+    written = pd.read_parquet(tmp_path / "forecasts")
+    assert report.forecasts.rows == len(written) == len(out)
+    assert set(written.segment_status) == {"trained", "skipped"}
+    same = out.merge(written, on=["level", *BOTTOM, "t"], suffixes=("", "_job"))
+    assert len(same) == len(out)
+    np.testing.assert_allclose(same[["prediction_job", "lo_80_job", "hi_80_job"]],
+                               same[["prediction", "lo_80", "hi_80"]], rtol=1e-9)
     bottom = out[out.level == "state/gender/legal"]
     for level, columns in (("total", []), ("state", ["state"]), ("gender", ["gender"])):
         sums = bottom.groupby([*columns, "t"]).prediction.sum()

@@ -273,6 +273,9 @@ class ForecastConfig(StrictModel):
     ``holidays``: days taken out of each series' history (``HolidaysConfig``; a country
     code alone is shorthand for ``{country: ...}``). ``hierarchy``: aggregate levels
     forecast beside the series and reconciled with them (``HierarchyConfig``).
+    ``output``: a table name or path; once the job has logged its model, every series'
+    next ``horizon`` periods are written there in the same job, as ``raybricks forecast``
+    writes them (with the interval bounds when trained with ``intervals``).
     """
 
     horizon: PositiveInt
@@ -292,6 +295,7 @@ class ForecastConfig(StrictModel):
     strategy: Literal["recursive", "direct"] = "recursive"
     holidays: HolidaysConfig | None = None
     hierarchy: HierarchyConfig | None = None
+    output: str | None = None
 
     @before_validator("holidays")
     def _holidays_shorthand(cls, value: object) -> object:
@@ -327,6 +331,13 @@ class ForecastConfig(StrictModel):
                              "frequency has no dates")
         if self.lags is not None and not self.lags:
             raise ValueError("forecast.lags is empty: list lags, or omit it for the default")
+        if self.output is not None and self.exogenous:
+            raise ValueError(
+                f"forecast.output: a model with exogenous columns {self.exogenous} needs "
+                "their future values to forecast; leave output out and score a table of "
+                "the future rows with raybricks score")
+        if self.output is not None and not self.output.strip():
+            raise ValueError("forecast.output is empty: a table name or a path")
         if self.holidays is not None and not daily_or_finer(self.frequency):
             raise ValueError(f"forecast.holidays need a daily or finer frequency (D, B, h, "
                              f"...) of dates; frequency is {self.frequency!r}")

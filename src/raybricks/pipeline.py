@@ -35,6 +35,7 @@ from raybricks.training.tasks import make_plan, task_of
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
+    from raybricks.scoring import ScoreSummary
     from raybricks.tracking import Publication
 
 log = logging.getLogger(__name__)
@@ -84,6 +85,14 @@ def check_job(config: JobConfig, *, register: bool = True) -> None:
         check_installed()
     if register:
         tracking.check_registry_name(config, tracking.tracking_target().registry_uri)
+    elif forecast_output(config):
+        raise ConfigError("forecast.output writes the forecasts of the model the job logs "
+                          "to MLflow: train with register=True, or leave output out")
+
+
+def forecast_output(config: JobConfig) -> str | None:
+    """Where the job writes every series' forecasts (``forecast.output``), if anywhere."""
+    return config.forecast.output if config.forecast is not None else None
 
 
 def checked_source(config: JobConfig, source: DataFrame) -> tuple[DataFrame, int]:
@@ -263,6 +272,7 @@ class TrainingReport:
     publication: Publication | None
     timings: dict[str, float]
     accounting: dict[str, int]
+    forecasts: ScoreSummary | None = None  # ``forecast.output``: what was written there
 
     def summary(self) -> str:
         """The result's summary and the accounting."""
@@ -296,11 +306,30 @@ def train(
         finally:
             if files:
                 files.release()
-        publication = None
+        publication = forecasts = None
         if register:
             with stage("registry", timings, "registry: MLflow run and model version"):
                 publication = publish(result, config, timings, accounting)
-    return TrainingReport(result, publication, timings, accounting)
+        output = forecast_output(config)
+        if output is not None and publication is not None:
+            with stage("forecasts", timings, f"forecasts: every series into {output}"):
+                forecasts = write_forecasts(publication, config, output, spark)
+    return TrainingReport(result, publication, timings, accounting, forecasts)
+
+
+def write_forecasts(publication: Publication, config: JobConfig, output: str,
+                    spark: SparkSession) -> ScoreSummary:
+    """``forecast.output``: the next ``horizon`` periods of every series the job's model
+    serves (the registered version; the logged model where none was registered), as
+    ``raybricks forecast`` writes them, in the job's Spark session."""
+    from raybricks.scoring import forecast
+
+    model = (f"models:/{publication.name}/{publication.version}"
+             if publication.version is not None else publication.model_uri)
+    summary = forecast(model, output, spark=spark,
+                       intervals=bool(config.forecast and config.forecast.intervals))
+    console.say(str(summary))
+    return summary
 
 
 def _train_source(config: JobConfig, spark: SparkSession, df: DataFrame, num_rows: int,

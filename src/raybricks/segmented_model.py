@@ -102,6 +102,24 @@ def library_version_problem(manifest: dict[str, Any], model_uri: str | None = No
             f"mlflow.pyfunc.get_model_dependencies({uri}) returns)")
 
 
+class Features:
+    """``prepare_features`` of one frame, made once for every member that reads the same
+    features (the members of a segment do)."""
+
+    def __init__(self, frame: pd.DataFrame) -> None:
+        self.frame = frame
+        self.made: list[tuple[list, dict, pd.DataFrame]] = []
+
+    def of(self, meta: dict[str, Any]) -> pd.DataFrame:
+        features, categorical = meta["features"], meta.get("categorical", {})
+        for known, categories, prepared in self.made:
+            if known == features and categories == categorical:
+                return prepared
+        prepared = prepare_features(self.frame, meta)
+        self.made.append((features, categorical, prepared))
+        return prepared
+
+
 class MemberModel:
     """One fitted model: ``predict`` gives values (regression) or an (n, k) matrix of
     class probabilities (classification). Its kind loads and predicts."""
@@ -115,9 +133,10 @@ class MemberModel:
         self.n_classes = len(meta.get("classes") or [])
         self.model = self.kind.load(payload, meta)
 
-    def predict(self, frame: pd.DataFrame) -> np.ndarray:
-        features = prepare_features(frame, self.meta)
-        raw = self.kind.predict_loaded(self.model, features, self.meta)
+    def predict(self, frame: pd.DataFrame, features: Features | None = None) -> np.ndarray:
+        """``features``: the rows' ``prepare_features``, shared with the other members."""
+        prepared = (features or Features(frame)).of(self.meta)
+        raw = self.kind.predict_loaded(self.model, prepared, self.meta)
         return self._shape(np.asarray(raw, dtype="float64"))
 
     def _shape(self, raw: np.ndarray) -> np.ndarray:
@@ -173,17 +192,16 @@ class SegmentModel:
         )
 
     def _member_predict(self, member: MemberModel, frame: pd.DataFrame,
-                        continued: np.ndarray | None = None) -> np.ndarray:
+                        continued: np.ndarray | None, features: Features) -> np.ndarray:
         if not member.kind.uses_fallback:
-            return member.predict(frame)
+            return member.predict(frame, features)
         if self.fallback is None:
             raise ValueError("a member uses the global model, which this model does not have")
         if continued is not None:  # made with other series' (``continued_series``)
             return continued
         if member.model is not None:  # a series' history, continued by the global model
             return member.kind.continue_series(member.model, self.fallback.members[0][0],
-                                               prepare_features(frame, member.meta),
-                                               member.meta)
+                                               features.of(member.meta), member.meta)
         raw = self.fallback.predict_raw(frame)
         if self.meta["task"] not in CLASSIFICATION:
             return raw
@@ -194,22 +212,25 @@ class SegmentModel:
         return next((member for member, _ in self.members
                      if member.kind.uses_fallback and member.model is not None), None)
 
-    def predict_raw(self, frame: pd.DataFrame, continued: np.ndarray | None = None
-                    ) -> np.ndarray:
+    def predict_raw(self, frame: pd.DataFrame, continued: np.ndarray | None = None,
+                    features: Features | None = None) -> np.ndarray:
         """The members' weighted mean (``continued``: the global model's forecast of the
         rows from this series' history, when made with other series')."""
+        features = features or Features(frame)
         total = sum(weight for _, weight in self.members)
-        mean = sum(self._member_predict(member, frame, continued) * (weight / total)
+        mean = sum(self._member_predict(member, frame, continued, features) * (weight / total)
                    for member, weight in self.members)
         if self.reconciliation is None:
             return mean
-        return mean + self.reconciled_shift(frame)
+        return mean + self.reconciled_shift(frame, features)
 
-    def reconciled_shift(self, frame: pd.DataFrame) -> np.ndarray:
+    def reconciled_shift(self, frame: pd.DataFrame, features: Features | None = None
+                         ) -> np.ndarray:
         """A reconciled hierarchy's series: what makes each row's forecast add up with
         the other levels' (the reconciled minus this series' own forecast, per period
         after its history; 0 outside the reconciled horizon)."""
-        steps, _ = kinds.forecasting.row_steps(prepare_features(frame, self.meta), self.meta)
+        prepared = (features or Features(frame)).of(self.meta)
+        steps, _ = kinds.forecasting.row_steps(prepared, self.meta)
         shift = np.zeros(len(steps))
         inside = (steps > 0) & (steps <= len(self.reconciliation))
         shift[inside] = self.reconciliation[steps[inside] - 1]
@@ -219,9 +240,10 @@ class SegmentModel:
                           continued: np.ndarray | None = None) -> np.ndarray:
         """Forecasts and their interval bounds: columns ``prediction`` and
         ``interval_columns(levels)`` (NaN where the series has no intervals)."""
-        point = self.predict_raw(frame, continued)
-        bounds = kinds.forecasting.interval_bounds(
-            point, prepare_features(frame, self.meta), self.meta, levels)
+        features = Features(frame)
+        point = self.predict_raw(frame, continued, features)
+        bounds = kinds.forecasting.interval_bounds(point, features.of(self.meta), self.meta,
+                                                   levels)
         return np.column_stack([point, bounds])
 
     def predict(self, frame: pd.DataFrame, probabilities: bool = False,

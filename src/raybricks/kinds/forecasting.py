@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from datetime import date
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -63,9 +64,11 @@ class ForecastSpec:
     residuals: bool = False  # store each series' backtest errors (a reconciled hierarchy)
 
 
+@lru_cache(maxsize=4096)
 def future_times(frequency: str | int, last: Any, steps: int) -> pd.Index:
     """The ``steps`` periods after ``last`` at ``frequency`` (a pandas frequency, or an
-    integer step)."""
+    integer step); remembered, as a series' members and its intervals all ask for them
+    (an Index is immutable)."""
     if isinstance(frequency, int):
         return pd.Index(last + frequency * np.arange(1, steps + 1))
     return pd.date_range(pd.Timestamp(last), periods=steps + 1, freq=frequency)[1:]
@@ -80,7 +83,11 @@ def times_of(values: pd.Series | np.ndarray, frequency: str | int) -> pd.Index:
     if isinstance(values.dtype, np.dtype) and values.dtype.kind == "M":  # already naive
         return pd.DatetimeIndex(values)
     if pd.api.types.is_numeric_dtype(values.dtype):
-        return pd.Index(pd.to_datetime(values.to_numpy(dtype="float64"), unit="s"))
+        seconds = values.to_numpy(dtype="float64")
+        if len(seconds) and np.isfinite(seconds).all() and (seconds % 1 == 0).all() and (
+                np.abs(seconds) < 9e9).all():  # whole seconds: what to_datetime makes
+            return pd.DatetimeIndex((seconds.astype("int64") * 10**9).view("datetime64[ns]"))
+        return pd.Index(pd.to_datetime(seconds, unit="s"))
     stamps = pd.to_datetime(values)
     if getattr(stamps.dt, "tz", None) is not None:
         stamps = stamps.dt.tz_convert("UTC").dt.tz_localize(None)

@@ -96,14 +96,30 @@ def backtest_candidate(series: Series, candidate: CandidateConfig, plan: Plan, k
 
 
 def naive_baseline(series: Series, plan: Plan, key: tuple, origins: list[int],
-             actual: np.ndarray, divisor: float) -> Evaluation:
-    """The better of the naive forecasts (``baselines``) on the backtest."""
-    found = [backtest_candidate(series, c, plan, key, origins, actual, divisor)
-             for c in baselines(plan.forecast)]
+                   actual: np.ndarray, divisor: float,
+                   scored: dict[str, Evaluation] | None = None) -> Evaluation:
+    """The better of the naive forecasts (``baselines``) on the backtest; a naive
+    forecast that is also a candidate of the job (``scored``: the candidates'
+    evaluations by name) is taken from it rather than backtested again."""
+    found = [same_backtest(c, scored or {}) or backtest_candidate(
+        series, c, plan, key, origins, actual, divisor) for c in baselines(plan.forecast)]
     ok = [e for e in found if e.error is None]
     if not ok:
         raise RuntimeError(f"the naive baseline failed: {found[0].error}")
     return metrics.metric(plan.metric).best(ok, lambda e: e.value)
+
+
+def same_backtest(candidate: CandidateConfig, scored: dict[str, Evaluation]
+                  ) -> Evaluation | None:
+    """``candidate``'s backtest from a candidate of the same model and parameters that
+    was backtested without a search (None if there is none)."""
+    for e in scored.values():
+        other = e.candidate
+        if (e.error is None and e.predictions is not None and method_of(other) == "none"
+                and other.kind == candidate.kind and other.estimator == candidate.estimator
+                and dict(other.params) == dict(candidate.params)):
+            return Evaluation(candidate, dict(candidate.params), e.value, e.predictions)
+    return None
 
 
 def intervals(errors: np.ndarray, divisor: float, plan: Plan) -> dict[str, Any] | None:
@@ -224,6 +240,7 @@ class Backtest:
     divisor: float
     global_backtest: np.ndarray | None
     made: dict[str, np.ndarray] = field(default_factory=dict)  # ``BlockMade.forecasts``
+    scored: dict[str, Evaluation] = field(default_factory=dict)  # the candidates', by name
     naive: Evaluation | None = None  # set by ``SeriesUnit.rivals``
     # set by ``SeriesUnit.select``: what was compared and its cross-fitted forecasts
     evaluations: list[Evaluation] = field(default_factory=list)
@@ -259,8 +276,10 @@ class SeriesUnit(Unit):
     def evaluate_candidate(self, bt: Backtest, candidate: CandidateConfig) -> Evaluation:
         """The evaluator: every setting of the candidate backtested here (or its
         forecasts made for the whole block, scored)."""
-        return backtest_candidate(bt.series, candidate, self.plan, self.key, bt.origins,
-                                  bt.actual, bt.divisor, bt.made.get(candidate.name))
+        found = backtest_candidate(bt.series, candidate, self.plan, self.key, bt.origins,
+                                   bt.actual, bt.divisor, bt.made.get(candidate.name))
+        bt.scored[candidate.name] = found
+        return found
 
     def rivals(self, bt: Backtest) -> list[Evaluation]:
         found = []
@@ -268,7 +287,7 @@ class SeriesUnit(Unit):
             found.append(global_model.backtest_global(
                 bt.series, self.plan, bt.origins, bt.actual, bt.divisor, bt.global_backtest))
         bt.naive = naive_baseline(bt.series, self.plan, self.key, bt.origins, bt.actual,
-                            bt.divisor)
+                                  bt.divisor, bt.scored)
         if self.plan.pool:  # selection all: the baseline competes
             found.append(bt.naive)
         return found
