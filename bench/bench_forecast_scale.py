@@ -714,6 +714,8 @@ def on_paper(runs: dict[str, Any], target: int = 1_000_000) -> None:
         for r in found:
             rb = r["raybricks"]
             for verb in ("train", "forecast"):
+                if not rb.get(verb):  # forecast.output: the train job forecast too
+                    continue
                 for stage, seconds in rb[verb]["timeline"]:
                     measures.setdefault(f"{verb}: {stage} (s)", []).append(seconds)
                 measures.setdefault(f"{verb}: whole CLI (s)", []).append(rb[verb]["seconds"])

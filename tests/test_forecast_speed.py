@@ -65,3 +65,36 @@ def test_series_on_their_grid_are_cleaned_as_the_general_path_cleans_them(tmp_pa
     general = clean_series(shuffled, plan)
     pd.testing.assert_frame_equal(fast.frame, general.frame, check_index_type=False)
     assert fast.notes == general.notes
+
+
+def test_each_candidates_seconds_are_in_the_result_row(tmp_path):
+    """``<candidate>_seconds``: each candidate's evaluation time on the series, a lag
+    model's including its share of the block's backtest, within ``fit_seconds``."""
+    from dataclasses import replace
+
+    import pyarrow as pa
+
+    from raybricks.data import segment_bounds
+    from raybricks.training.engine import warm_up
+    from raybricks.training.forecast.task import FORECAST
+    from raybricks.training.selection import results_table
+
+    data = pd.concat([daily(s, 150, i) for i, s in enumerate(["a", "b", "c"])])
+    plan = plan_for(data, tmp_path, models=[
+        {"name": "lgbm", "kind": "lightgbm",
+         "params": {"n_estimators": 20, "num_leaves": 7, "min_child_samples": 5}},
+        {"name": "snaive", "kind": "statsforecast", "estimator": "SeasonalNaive",
+         "params": {"season_length": 7}}])
+    plan = replace(plan, forecast=replace(plan.forecast, end=str(data.day.max())))
+    table = pa.Table.from_pandas(data, preserve_index=False)
+    todo = list(segment_bounds(table, plan.segment_by))
+    warm_up(FORECAST, plan)  # as a task does before its clock starts
+    train = FORECAST.trainer(table.select(plan.columns).to_pandas(), todo, plan)
+    rows = [train(key, start, end)[0] for key, start, end in todo]
+    found = results_table(rows, plan).to_pandas()
+    assert (found.status == "trained").all()
+    assert {"lgbm_seconds", "snaive_seconds"} <= set(found.columns)
+    assert "global_seconds" not in found.columns and "baseline_seconds" not in found.columns
+    assert (found.lgbm_seconds > 0).all() and (found.snaive_seconds > 0).all()
+    assert (found.lgbm_seconds + found.snaive_seconds <= found.fit_seconds).all()
+    assert (found.lgbm_seconds > found.snaive_seconds).all()  # a booster against a lookup

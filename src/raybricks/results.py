@@ -22,6 +22,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from raybricks.config import RESERVED_NAMES
 from raybricks.metrics import metric
 
 TRAINED, SKIPPED, FAILED = "trained", "skipped", "failed"
@@ -33,9 +34,13 @@ STATUSES = (TRAINED, SKIPPED, FAILED)
 
 def result_schema(keys: list[pa.Field], metric_name: str, candidates: list[str]) -> pa.Schema:
     """The columns of every result row, in order: every part of a run has this schema,
-    whichever statuses its segments ended in, so the parts read as one table."""
+    whichever statuses its segments ended in, so the parts read as one table.
+    ``<candidate>_seconds``: the core seconds of evaluating that candidate on the segment
+    (its fits and scoring, every setting searched), beside ``fit_seconds``, the whole
+    segment's."""
     scores = [f"baseline_{metric_name}", *(f"{c}_{metric_name}" for c in candidates),
               f"metric_{metric_name}"]
+    timed = [f"{c}_seconds" for c in candidates if c not in RESERVED_NAMES]
     return pa.schema([
         *keys,
         pa.field("status", pa.string()), pa.field("reason", pa.string()),
@@ -43,6 +48,7 @@ def result_schema(keys: list[pa.Field], metric_name: str, candidates: list[str])
         *(pa.field(name, pa.float64()) for name in scores),
         pa.field("chosen", pa.string()), pa.field("weights", pa.string()),
         pa.field("fit_seconds", pa.float64()),
+        *(pa.field(name, pa.float64()) for name in timed),
     ])
 
 

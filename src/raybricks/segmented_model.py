@@ -16,6 +16,7 @@ mlflow.
 
 from __future__ import annotations
 
+import datetime
 import importlib.metadata
 import importlib.util
 import json
@@ -477,7 +478,7 @@ class SegmentStore:
         problem = missing_columns(frame.columns, self.segment_by, self.features)
         if problem:
             raise ValueError(problem)
-        frame = frame.reset_index(drop=True)
+        frame = dated(frame.reset_index(drop=True), self.manifest)
         typed, codes = self.segment_keys(frame)
         keys, where = key_tuples(typed, self.segment_by), self.locate(typed)
         order = np.argsort(codes, kind="stable")
@@ -501,7 +502,7 @@ class SegmentStore:
             if model is None:
                 unscored += len(rows)
                 continue
-            outputs.put(rows, model, frame.iloc[rows], continued.get(key))
+            outputs.put(rows, model, rows_of(frame, rows), continued.get(key))
         if unscored:
             warnings.warn(
                 f"{unscored} row(s) of segments without a model (unknown, skipped or failed "
@@ -534,6 +535,28 @@ class SegmentStore:
         except Exception:  # noqa: BLE001 - each series alone says what is wrong
             return {}
         return {key: values for (key, _, _), values in zip(wanted, made, strict=True)}
+
+
+def rows_of(frame: pd.DataFrame, rows: np.ndarray) -> pd.DataFrame:
+    """``frame.iloc[rows]``; a slice where the rows are a run in order (a segment's rows
+    usually are: scoring lays rows out by segment), which costs no copy."""
+    if len(rows) and rows[-1] - rows[0] + 1 == len(rows) and (np.diff(rows) == 1).all():
+        return frame.iloc[rows[0]:rows[-1] + 1]
+    return frame.iloc[rows]
+
+
+def dated(frame: pd.DataFrame, manifest: dict[str, Any]) -> pd.DataFrame:
+    """A forecasting model's rows with a time column of Python dates (Spark's DATE as
+    pandas reads it) as timestamps, converted once for every segment of the frame (each
+    segment's features would convert their own: ``prepare_features``)."""
+    column = (manifest.get("forecast") or {}).get("time_column")
+    if column not in frame.columns or frame[column].dtype != object:
+        return frame
+    present = frame[column].dropna()
+    if not len(present) or not isinstance(present.iloc[0], datetime.date) or isinstance(
+            present.iloc[0], datetime.datetime):
+        return frame
+    return frame.assign(**{column: pd.to_datetime(frame[column])})
 
 
 @dataclass

@@ -5,6 +5,7 @@ Stored as the fitted model's pickle; the naive baselines of task forecast are th
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import numpy as np
@@ -25,6 +26,10 @@ def model_class(estimator: str) -> type:
         return getattr(statsforecast.models, estimator)
     except AttributeError:
         raise ValueError(f"statsforecast.models has no model {estimator!r}") from None
+
+
+#: The models this process has run once (``StatsForecastKind.warm_up``).
+WARMED: set[tuple[str, str]] = set()
 
 
 class StatsForecastKind(ForecastKind):
@@ -50,7 +55,19 @@ class StatsForecastKind(ForecastKind):
                 f"{exc} (is raybricks[forecast] installed?)") from exc
 
     def warm_up(self) -> None:
-        model_class(self.candidate.estimator)
+        """Import the model and run it once, per process, on a short made-up series:
+        statsforecast compiles its routines on their first call (about a second for
+        AutoETS), which is no series' fit time."""
+        build = model_class(self.candidate.estimator)
+        key = (self.candidate.estimator, repr(sorted(self.candidate.params.items())))
+        if key in WARMED or not callable(getattr(build, "forecast", None)):
+            return
+        WARMED.add(key)
+        t = np.arange(120, dtype="float64")
+        y = 20 + 0.05 * t + 3 * np.sin(2 * np.pi * t / 7) + (t % 5 == 0)
+        # a model that needs more than this series warms on the first real one
+        with contextlib.suppress(Exception):
+            build(**self.candidate.params).forecast(y=y, h=2)
 
     @classmethod
     def forecast_loaded(cls, model, future, meta) -> np.ndarray:

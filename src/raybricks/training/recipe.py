@@ -37,6 +37,9 @@ class Unit:
     #: Whether ``train`` records the unit's time in ``fit_seconds`` (not where the
     #: candidates were fitted elsewhere, as in the spread path).
     timed = True
+    #: Core seconds spent on the unit outside ``train`` (its share of work done for a
+    #: whole block at once), added to ``fit_seconds``.
+    shared_seconds = 0.0
 
     def __init__(self, key: tuple, plan: Plan, evaluate: Evaluator, n_rows: int) -> None:
         self.key, self.plan, self.evaluate, self.n_rows = key, plan, evaluate, n_rows
@@ -77,9 +80,15 @@ def train(unit: Unit) -> tuple[SegmentResult, list[dict[str, Any]]]:
     try:
         prepared = unit.prepare()
         # preparing may narrow the plan (a short series' fewer windows)
-        evaluations = [unit.evaluate(prepared, c) for c in unit.plan.candidates]
+        evaluations, seconds = [], {}
+        for candidate in unit.plan.candidates:
+            began = time.perf_counter()
+            evaluations.append(unit.evaluate(prepared, candidate))
+            seconds[candidate.name] = time.perf_counter() - began
         evaluations += unit.rivals(prepared)
         row = SegmentResult(unit.key, unit.rows(prepared))
+        if unit.timed:
+            row.seconds = seconds
         chosen = unit.select(prepared, row, evaluations)
         members = unit.members(prepared, chosen)
         row.status = TRAINED
@@ -87,5 +96,5 @@ def train(unit: Unit) -> tuple[SegmentResult, list[dict[str, Any]]]:
         row = result_for_error(exc, unit.key, unit.n_rows)
         members = unit.served(exc, row)
     if unit.timed:
-        row.fit_seconds = time.perf_counter() - start
+        row.fit_seconds = time.perf_counter() - start + unit.shared_seconds
     return row, members

@@ -195,7 +195,8 @@ class SegmentResult:
     result schema (``results.result_schema``). ``scores``: each candidate's validation
     score and the global model's, by name (None: it failed); ``baseline``: the naive
     baseline's; ``estimate``: the choice's, cross-fitted; ``chosen``: its members'
-    labels, with ``weights``; ``fit_seconds``: None where not measured."""
+    labels, with ``weights``; ``fit_seconds``: None where not measured; ``seconds``: each
+    candidate's evaluation, by name (where measured)."""
 
     key: tuple
     n_rows: int = 0
@@ -208,6 +209,7 @@ class SegmentResult:
     chosen: list[str] | None = None
     weights: list[float] | None = None
     fit_seconds: float | None = None
+    seconds: dict[str, float] = field(default_factory=dict)  # each candidate's, by name
 
     def as_row(self, plan: Plan) -> dict[str, Any]:
         """The result table's row: the segment columns, then the schema's columns (those
@@ -220,7 +222,8 @@ class SegmentResult:
                     f"metric_{metric}": self.estimate,
                     "chosen": None if self.chosen is None else json.dumps(self.chosen),
                     "weights": None if self.weights is None else json.dumps(self.weights),
-                    "fit_seconds": self.fit_seconds}
+                    "fit_seconds": self.fit_seconds,
+                    **{f"{name}_seconds": v for name, v in self.seconds.items()}}
         scored = {f"{name}_{metric}" for name in self.scores}
         row.update({k: v for k, v in optional.items() if v is not None or k in scored})
         return row

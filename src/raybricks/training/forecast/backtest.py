@@ -9,6 +9,7 @@ for a table's segment, with whose selection (``selection.py``) and result rows
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -188,6 +189,7 @@ class BlockMade:
     series: Series
     global_backtest: np.ndarray | None = None
     forecasts: dict[str, np.ndarray] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)  # its share of each batch
 
 
 def block_made(frame: pd.DataFrame, bounds: list[tuple[tuple, int, int]], plan: Plan
@@ -217,13 +219,16 @@ def block_made(frame: pd.DataFrame, bounds: list[tuple[tuple, int, int]], plan: 
         if method_of(candidate) != "none":
             continue  # settings to search: each series searches its own
         seeds = [stable_seed(plan.seed, key, candidate.name, "fit") for key in keys]
+        began = time.perf_counter()
         try:
             made = kinds.forecaster(candidate).backtest_many(
                 dict(candidate.params), frames, origins, seeds, plan.threads, plan.forecast)
         except Exception:  # noqa: BLE001 - each series then tries alone
             continue
+        share = (time.perf_counter() - began) / len(keys)
         for key, forecasts in zip(keys, made or [], strict=False):
             found[key].forecasts[candidate.name] = forecasts
+            found[key].seconds[candidate.name] = share
     return found
 
 
@@ -258,6 +263,7 @@ class SeriesUnit(Unit):
                  made: BlockMade | None = None) -> None:
         super().__init__(key, plan, self.evaluate_candidate, len(data))
         self.data, self.job, self.made = data, plan, made
+        self.shared_seconds = sum(made.seconds.values()) if made is not None else 0.0
 
     def prepare(self) -> Backtest:
         if self.made is not None:
@@ -299,6 +305,9 @@ class SeriesUnit(Unit):
         bt.evaluations = evaluations
         chosen = summarize(row, evaluations, bt.actual, bt.naive.predictions, self.plan,
                            window, bt.cross)
+        for name, share in (self.made.seconds if self.made is not None else {}).items():
+            if name in row.seconds:  # backtested with its block: its share of that
+                row.seconds[name] += share
         if bt.series.notes:
             row.reason = "; ".join(bt.series.notes)
         return chosen
