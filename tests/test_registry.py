@@ -335,7 +335,8 @@ def test_promotion_merge_takes_the_better_model_per_segment(
     assert second.decision["decision"] == "merged"
     merged = second.champion_version
     assert merged not in (first.version, second.version)
-    assert second.decision["segments_from"] == {f"version {first.version}": 8,
+    # the champion's eight stores, and its two skipped segments the challenger never saw
+    assert second.decision["segments_from"] == {f"version {first.version}": 10,
                                                 f"version {second.version}": 1}
     model = mlflow.pyfunc.load_model(f"models:/{name}@champion")
     rows = data[data.store == "s2"]
@@ -343,6 +344,75 @@ def test_promotion_merge_takes_the_better_model_per_segment(
     # re-registering the same run is idempotent: the same versions come back
     again = tracking.register_run(second.run_id, strong)
     assert again.version == second.version and again.champion_version == merged
+
+
+def members_by_store(directory: Path) -> dict[str, list[tuple]]:
+    """Each segment's stored members (candidate, weight, payload bytes, meta) as stored."""
+    found: dict[str, list[tuple]] = {}
+    for row in packaging.read_members(directory).to_pylist():
+        found.setdefault(row["store"], []).append(
+            (row["candidate"], row["weight"], row["payload"], row["meta"]))
+    return found
+
+
+def test_retraining_listed_segments_replaces_only_those(ray_on_spark, spark, tmp_path):
+    """``source.segments`` (``raybricks train --segments``): only the listed segments
+    train, a new one among them too; the registered version takes them from the run
+    and every other segment's members byte for byte from the champion."""
+    import mlflow
+    from mlflow import MlflowClient
+
+    from raybricks import pipeline
+
+    name = "tests.gate.retrain"
+    data = helpers.shops()
+    data.to_parquet(tmp_path / "shops.parquet")
+    config = job(tmp_path / "runs", source={"path": str(tmp_path / "shops.parquet")},
+                 models=STRONG, registry={"name": name})
+    first = pipeline.train(config, spark).publication
+    # later: store s2's world changed, and a new store s9 opened
+    later = data.copy()
+    later.loc[later.store == "s2", "y"] *= -1
+    new_store = data[data.store == "s0"].assign(store="s9")
+    pd.concat([later, new_store]).to_parquet(tmp_path / "later.parquet")
+    pd.DataFrame({"store": ["s2", "s9", "gone"]}).to_parquet(tmp_path / "retrain.parquet")
+    retrain = job(tmp_path / "runs", source={"path": str(tmp_path / "later.parquet"),
+                                             "segments": str(tmp_path / "retrain.parquet")},
+                  models=STRONG, registry={"name": name})
+    assert retrain.registry.promote == "replace"  # the default with source.segments
+    report = pipeline.train(retrain, spark)
+    assert set(report.result.segments.store) == {"s2", "s9"}  # "gone" has no rows
+    second = report.publication
+    assert second.decision["decision"] == "merged" and second.decision["rule"] == "replace"
+    assert second.decision["segments_from"] == {f"version {first.version}": 10,
+                                                f"version {second.version}": 2}
+    champion = mlflow.artifacts.download_artifacts(f"models:/{name}/{first.version}",
+                                                   dst_path=str(tmp_path / "old"))
+    merged = mlflow.artifacts.download_artifacts(f"models:/{name}@champion",
+                                                 dst_path=str(tmp_path / "new"))
+    run = mlflow.artifacts.download_artifacts(f"models:/{name}/{second.version}",
+                                              dst_path=str(tmp_path / "run"))
+    old, new, ran = (members_by_store(Path(d) / "artifacts" / "segments")
+                     for d in (champion, merged, run))
+    assert set(new) == set(old) | {"s9"}
+    for store in set(old) - {"s2"}:
+        assert new[store] == old[store], store  # byte for byte
+    assert new["s2"] == ran["s2"] != old["s2"] and new["s9"] == ran["s9"]
+    rows = later[later.store == "s2"]
+    model = mlflow.pyfunc.load_model(f"models:/{name}@champion")
+    fit = np.corrcoef(model.predict(rows), rows.y)[0, 1]
+    assert fit > 0.9  # the retrained store follows its new world
+    description = MlflowClient().get_model_version(name, second.champion_version).description
+    assert "replace" in description and "retrain.parquet" in description
+    assert "store='s2'" in description and "2 of 12 segments" in description
+
+
+def test_a_retrain_of_listed_segments_never_becomes_the_whole_champion(tmp_path):
+    with pytest.raises(ConfigError, match="would make a version of those alone"):
+        job(tmp_path, source={"table": "t", "segments": "keys"},
+            registry={"name": "m", "promote": "always"})
+    assert job(tmp_path, source={"table": "t", "segments": "keys"},
+               registry={"name": "m", "promote": "merge"}).registry.promote == "merge"
 
 
 def test_unity_catalog_names_are_checked_before_work(tmp_path):

@@ -33,12 +33,18 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", required=True, help="job config YAML")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override a config key, e.g. --set training.resume=true")
+    parser.add_argument("--segments", default=None, metavar="TABLE_OR_PATH",
+                        help="train only the segments listed there (their segment "
+                             "columns) and register a version that keeps the champion's "
+                             "others: --set source.segments=...")
 
 
 def run_train(args: argparse.Namespace) -> int:
     from raybricks.config import JobConfig
     from raybricks.pipeline import LOG_FILE, train, with_run_id
 
+    if getattr(args, "segments", None):
+        args.set = [*args.set, f"source.segments={args.segments}"]
     config = with_run_id(JobConfig.load(args.config, args.set))
     run_dir = Path(config.training.output_dir) / str(config.training.run_id)
     kept_sets = [s for s in args.set if s.split("=", 1)[0].strip()

@@ -113,6 +113,9 @@ class SourceConfig(StrictModel):
     path: str | None = None
     format: Literal["parquet", "csv", "delta"] = "parquet"
     where: str | None = None
+    #: a table or path of segment keys (its segment columns): only those segments of the
+    #: source are trained, and the registered version keeps the champion's others
+    segments: str | None = None
 
     @after_validator
     def _one_location(self) -> SourceConfig:
@@ -524,11 +527,30 @@ class DataConfig(StrictModel):
 class RegistryConfig(StrictModel):
     name: str = "raybricks_model"
     alias: str = "champion"
-    promote: Literal["if_better", "always", "merge"] = "if_better"
+    promote: Literal["if_better", "always", "merge", "replace"] = "if_better"
 
 
 class TrackingConfig(StrictModel):
     experiment: str = "raybricks"
+
+
+def check_selection(config: JobConfig) -> None:
+    """``source.segments``: a run of some segments registers a version that keeps the
+    champion's others (``registry.promote: replace``, its default then, or ``merge``)."""
+    registry = config.registry
+    if registry.promote in ("if_better", "always"):
+        if "promote" in registry.model_fields_set:
+            raise ValueError(
+                f"source.segments trains only the listed segments: registry.promote="
+                f"{registry.promote} would make a version of those alone the champion; use "
+                "replace (each retrained segment replaces the champion's; the default with "
+                "source.segments) or merge (the better of the two per segment)")
+        registry.promote = "replace"
+    if not config.source.segments.strip():
+        raise ValueError("source.segments is empty: a table name or a path")
+    if config.forecast is not None and config.forecast.hierarchy is not None:
+        raise ValueError("source.segments with forecast.hierarchy: the levels are "
+                         "reconciled together, retrain the whole hierarchy")
 
 
 class JobConfig(StrictModel):
@@ -620,6 +642,8 @@ class JobConfig(StrictModel):
         if is_template(self.source.path) and self.target in key_names(str(self.source.path)):
             raise ValueError(f"target {self.target!r} is a {{key}} of source.path: the target "
                              "is a column of the files")
+        if self.source.segments is not None:
+            check_selection(self)
         if self.validation.method == "time" and not self.time_column:
             raise ValueError("validation.method=time needs time_column")
         names = [m.name for m in self.models]

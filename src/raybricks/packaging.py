@@ -355,10 +355,14 @@ def compare(challenger: Path, champion: Path) -> Comparison:
 
 
 def merge_segments(
-    challenger: Path, champion: Path, directory: Path, labels: tuple[str, str]
+    challenger: Path, champion: Path, directory: Path, labels: tuple[str, str],
+    replace: bool = False,
 ) -> Packaged:
     """A model that takes, per segment, the better of the challenger and the champion
-    (the challenger on ties and where only it trained); ``source`` records the origin."""
+    (the challenger on ties and where only it trained; ``replace``: the challenger
+    wherever it trained, as a retrain of chosen segments asks); the champion's rows
+    where the challenger has none (a run of some segments); ``source`` records the
+    origin."""
     manifest = json.loads((Path(challenger) / MANIFEST).read_text())
     old_manifest = json.loads((Path(champion) / MANIFEST).read_text())
     segment_by, metric = manifest["segment_by"], manifest["metric"]
@@ -370,14 +374,7 @@ def merge_segments(
             "use registry.promote=if_better or always"
         )
     new_index, old_index = read_index(challenger), read_index(champion)
-    new = _trained_metrics(new_index, segment_by, "new")
-    both = null_safe_join(_trained_metrics(old_index, segment_by, "old"),
-                          new.append_column("__trained", pa.repeat(True, new.num_rows)),
-                          segment_by)
-    losses = metrics.metric(metric).losses
-    better = losses(float_values(both, "old")) < losses(float_values(both, "new"))
-    from_old = both.filter(pc.or_(pc.is_null(both.column("__trained")),
-                                  pa.array(better))).select(segment_by)
+    from_old = from_champion(new_index, old_index, segment_by, metric, replace)
     _, new_rows = _split_by_keys(new_index, segment_by, from_old)
     old_rows, _ = _split_by_keys(old_index, segment_by, from_old)
     fallback_path = Path(challenger) / FALLBACK
@@ -392,6 +389,32 @@ def merge_segments(
     parts = _merged_parts({Path(challenger): (new_rows, labels[0]),
                            Path(champion): (old_rows, labels[1])}, segment_by)
     return write_segments(directory, manifest, parts, fallback)
+
+
+def from_champion(new_index: pa.Table, old_index: pa.Table, segment_by: list[str],
+                  metric: str, replace: bool) -> pa.Table:
+    """The keys a merge takes from the champion: those the challenger has no row for,
+    those the champion trained and the challenger did not, and (unless ``replace``)
+    those both trained where the champion's validation metric is better."""
+    def side(index: pa.Table, status: str, value: str) -> pa.Table:
+        return index.select([*segment_by, "status", "metric"]).rename_columns(
+            [*segment_by, status, value])
+
+    new = side(new_index, "new_status", "new")
+    both = null_safe_join(side(old_index, "old_status", "old"),
+                          new.append_column("__present", pa.repeat(True, new.num_rows)),
+                          segment_by)
+    absent = pc.is_null(both.column("__present")).to_numpy(zero_copy_only=False)
+    old_trained = pc.fill_null(pc.equal(both.column("old_status"), "trained"), False)
+    new_trained = pc.fill_null(pc.equal(both.column("new_status"), "trained"), False)
+    old_trained = old_trained.to_numpy(zero_copy_only=False)
+    new_trained = new_trained.to_numpy(zero_copy_only=False)
+    keep = absent | (old_trained & ~new_trained)
+    if not replace:
+        losses = metrics.metric(metric).losses
+        better = losses(float_values(both, "old")) < losses(float_values(both, "new"))
+        keep |= old_trained & new_trained & better
+    return both.filter(pa.array(keep)).select(segment_by)
 
 
 def _merged_parts(sources: dict[Path, tuple[pa.Table, str]], segment_by: list[str]

@@ -27,7 +27,7 @@ from raybricks.files import SegmentFiles, is_template
 from raybricks.kinds.forecasting import ForecastSpec
 from raybricks.results import release_memory
 from raybricks.session import require_spark_context
-from raybricks.sources import read_source, segment_files
+from raybricks.sources import only_segments, read_source, segment_files
 from raybricks.training import TrainingResult, train_segments
 from raybricks.training.engine import with_run_id
 from raybricks.training.tasks import make_plan, task_of
@@ -49,9 +49,11 @@ class AccountingError(RaybricksError):
     """The result does not hold exactly one row per distinct segment of the source."""
 
 
-def check_target(df: DataFrame, target: str, where: str | None) -> int:
+def check_target(df: DataFrame, target: str, where: str | None,
+                 segments: str | None = None) -> int:
     """Refuse a source without rows, or whose target is missing (null, NaN or infinite)
-    in every row; returns its number of rows (one Spark job counts both)."""
+    in every row; returns its number of rows (one Spark job counts both). ``segments``:
+    the source was cut to the segments listed there (``source.segments``)."""
     from pyspark.sql import functions as F
     from pyspark.sql.types import DoubleType, FloatType
 
@@ -60,6 +62,10 @@ def check_target(df: DataFrame, target: str, where: str | None) -> int:
     if isinstance(df.schema[target].dataType, DoubleType | FloatType):
         usable &= ~F.isnan(column) & (F.abs(column) != float("inf"))
     rows, with_target = df.agg(F.count(F.lit(1)), F.count(F.when(usable, True))).first()
+    if not rows and segments is not None:
+        raise DataError(f"nothing to train on: none of the segments listed in "
+                        f"source.segments {segments!r} has rows in the source"
+                        + (f" matching where={where!r}" if where else ""))
     if not rows:
         raise no_rows(where)
     if not with_target:
@@ -108,7 +114,9 @@ def checked_source(config: JobConfig, source: DataFrame) -> tuple[DataFrame, int
     )) if features is not None else None
     df = select_and_filter(source, config.segment_by, columns, config.source.where)
     plan = make_plan(config, arrow_schema(df.schema))  # column and type errors
-    rows = check_target(df, config.target, config.source.where)
+    if config.source.segments is not None:
+        df = only_segments(df, config.source.segments, config.segment_by)
+    rows = check_target(df, config.target, config.source.where, config.source.segments)
     if plan.forecast:
         check_frequency(df, config, plan.forecast)
     return df, rows

@@ -107,3 +107,21 @@ def _active_spark() -> SparkSession | None:
 
 def _first_line(exc: BaseException) -> str:
     return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+
+
+def only_segments(df: DataFrame, segments: str, segment_by: list[str],
+                  spark: SparkSession | None = None) -> DataFrame:
+    """The rows of ``df`` whose segment is listed in ``segments`` (``source.segments``: a
+    table or path with the segment columns; a null key matches a null key)."""
+    from functools import reduce
+
+    listed = read_source(source_of(segments), spark or df.sparkSession)
+    missing = [c for c in segment_by if c not in listed.columns]
+    if missing:
+        raise DataError(
+            f"source.segments {segments!r} has no column(s) {missing}: it lists segments "
+            f"by the segment columns {segment_by} (it has {listed.columns})")
+    keys = listed.select(*[listed[c].alias(f"__listed_{c}") for c in segment_by]).distinct()
+    same = reduce(lambda a, b: a & b, [df[c].eqNullSafe(keys[f"__listed_{c}"])
+                                       for c in segment_by])
+    return df.join(keys, on=same, how="left_semi")

@@ -76,7 +76,7 @@ def version_for_alias(name: str, alias: str):
 
 
 def register(model_uri: str, name: str, run_id: str, tags: dict[str, str], role: str,
-             created: list | None = None):
+             created: list | None = None, description: str | None = None):
     """Register the logged model as a version, once: a version of this run and role that
     already exists is returned as it is. A failure leaves no version behind. New versions
     are appended to ``created`` (for the caller's roll-back)."""
@@ -97,6 +97,7 @@ def register(model_uri: str, name: str, run_id: str, tags: dict[str, str], role:
     try:
         version = client.create_model_version(
             name, model_uri, run_id=run_id, tags=tags | {"raybricks.role": role},
+            description=description,
             **model_version_source(model_uri),
         )
         if version.status != "READY":
@@ -169,7 +170,8 @@ def promote(config: JobConfig, version, packaged: Packaged, workdir: Path, run_i
             tags: dict[str, str], example: pd.DataFrame | None, created: list[str]
             ) -> dict[str, Any]:
     """Apply ``registry.promote``: the decision, its numbers and the champion-to-be
-    (``merge`` registers the merged version here; the caller moves the aliases)."""
+    (``merge`` and ``replace`` register the merged version here; the caller moves the
+    aliases)."""
 
     name, alias, rule = config.registry.name, config.registry.alias, config.registry.promote
     current = version_for_alias(name, alias)
@@ -195,14 +197,40 @@ def promote(config: JobConfig, version, packaged: Packaged, workdir: Path, run_i
                            "champion_version": previous}
     labels = (f"version {challenger}", f"version {previous}")
     merged = merge_segments(packaged.directory, champion_dir,
-                            workdir / "merged" / "segments", labels)
+                            workdir / "merged" / "segments", labels,
+                            replace=rule == "replace")
     info = log_segmented_model(merged, example, MERGED_MODEL_NAME)
+    origins = pd.read_parquet(merged.directory / segmented_model.INDEX)
     merged_version = register(info.model_uri, name, run_id,
                               tags | {"raybricks.merged_from": ",".join(labels)}, "merged",
-                              created)
-    origins = pd.read_parquet(merged.directory / segmented_model.INDEX, columns=["source"])
+                              created, merge_description(config, origins, labels))
     return decision | {"decision": "merged", "champion_version": str(merged_version.version),
                        "segments_from": origins["source"].value_counts().to_dict()}
+
+
+#: How many replaced segments a merged version's description names.
+NAMED_SEGMENTS = 10
+
+
+def merge_description(config: JobConfig, index: pd.DataFrame, labels: tuple[str, str]
+                      ) -> str:
+    """A merged version's description: which segments came from the run, why (the rule,
+    and the run's list of segments where it trained only some), and a few of them."""
+    new = index[index["source"] == labels[0]]
+    keys = new[config.segment_by].astype(object).where(
+        new[config.segment_by].notna(), None)
+    named = "; ".join(", ".join(f"{k}={v!r}" for k, v in zip(config.segment_by, row,
+                                                              strict=True))
+                      for row in keys.head(NAMED_SEGMENTS).itertuples(index=False))
+    more = f" and {len(new) - NAMED_SEGMENTS} more" if len(new) > NAMED_SEGMENTS else ""
+    rule = config.registry.promote
+    why = (f"the segments listed in {config.source.segments} were retrained"
+           if config.source.segments else "a new run of the job")
+    how = ("each segment the run trained replaces the champion's" if rule == "replace"
+           else "per segment, the better validation metric of the two")
+    return (f"Merged ({rule}): {len(new)} of {len(index)} segments from {labels[0]} (this "
+            f"run), the others from {labels[1]}; {why}; {how}. From this run: {named}{more}."
+            " The index's source column says where each segment came from.")
 
 
 def register_run(run_id: str, config: JobConfig) -> Publication:
