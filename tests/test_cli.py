@@ -139,6 +139,17 @@ def test_validate_checks_config_and_source_without_ray_or_a_store(
     nanos.to_parquet(tmp_path / "nanos.parquet", coerce_timestamps=None)
     code, _, err = validate(tmp_path, capsys, source=tmp_path / "nanos.parquet")
     assert code == 2 and "nanosecond timestamps" in err and "coerce_timestamps='us'" in err
+    # --segments reaches validate as source.segments: a list without the segment column,
+    # a list of no segment of the source, and a promotion that would drop the others
+    pd.DataFrame({"shop": ["s1"]}).to_parquet(tmp_path / "wrong.parquet")
+    code, _, err = validate(tmp_path, capsys, "--segments", str(tmp_path / "wrong.parquet"))
+    assert code == 2 and "has no column(s) ['store']" in err
+    pd.DataFrame({"store": ["nowhere"]}).to_parquet(tmp_path / "none.parquet")
+    code, _, err = validate(tmp_path, capsys, "--segments", str(tmp_path / "none.parquet"))
+    assert code == 2 and "none of the segments listed in source.segments" in err
+    code, _, err = validate(tmp_path, capsys, "--no-source", "--segments", "keys",
+                            "--set", "registry.promote=always")
+    assert code == 2 and "would make a version of those alone the champion" in err
 
 
 def test_validate_reports_an_unreachable_source_and_exit_codes(spark, tmp_path, capsys):

@@ -39,12 +39,16 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
                              "others: --set source.segments=...")
 
 
+def overrides(args: argparse.Namespace) -> list[str]:
+    """The config overrides of ``--set``, and ``--segments`` as ``source.segments``."""
+    return [*args.set, *([f"source.segments={args.segments}"] if args.segments else [])]
+
+
 def run_train(args: argparse.Namespace) -> int:
     from raybricks.config import JobConfig
     from raybricks.pipeline import LOG_FILE, train, with_run_id
 
-    if getattr(args, "segments", None):
-        args.set = [*args.set, f"source.segments={args.segments}"]
+    args.set = overrides(args)
     config = with_run_id(JobConfig.load(args.config, args.set))
     run_dir = Path(config.training.output_dir) / str(config.training.run_id)
     kept_sets = [s for s in args.set if s.split("=", 1)[0].strip()
@@ -96,7 +100,7 @@ def run_validate(args: argparse.Namespace) -> int:
     from raybricks.config import JobConfig
     from raybricks.pipeline import validate
 
-    config = JobConfig.load(args.config, args.set)
+    config = JobConfig.load(args.config, overrides(args))
     with logged(args):
         found = validate(config, source=not args.no_source)
     say(found.describe())

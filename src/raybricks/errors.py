@@ -1,6 +1,12 @@
 """Errors raybricks raises on purpose: each names the problem and the fix."""
 
 
+def key_text(row, columns: list[str]) -> str:
+    """How a message names a segment: ``store='s1', item=7`` (``row``: a mapping or a
+    Spark Row with those columns)."""
+    return ", ".join(f"{c}={row[c]!r}" for c in columns)
+
+
 class RaybricksError(Exception):
     """Base class of every error raybricks raises deliberately."""
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from raybricks.config import LEVEL_COLUMN, JobConfig, is_chain, level_name
-from raybricks.errors import DataError
+from raybricks.errors import DataError, key_text
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -81,7 +81,7 @@ def trained_config(config: JobConfig) -> JobConfig:
 
 
 def _keys_text(rows: list, columns: list[str]) -> str:
-    return "; ".join(", ".join(f"{c}={row[c]!r}" for c in columns) for row in rows[:SHOWN])
+    return "; ".join(key_text(row, columns) for row in rows[:SHOWN])
 
 
 def check_levels(df: DataFrame, config: JobConfig) -> None:

@@ -404,11 +404,12 @@ def from_champion(new_index: pa.Table, old_index: pa.Table, segment_by: list[str
     both = null_safe_join(side(old_index, "old_status", "old"),
                           new.append_column("__present", pa.repeat(True, new.num_rows)),
                           segment_by)
+    def trained(status: str) -> np.ndarray:
+        return pc.fill_null(pc.equal(both.column(status), "trained"), False).to_numpy(
+            zero_copy_only=False)
+
     absent = pc.is_null(both.column("__present")).to_numpy(zero_copy_only=False)
-    old_trained = pc.fill_null(pc.equal(both.column("old_status"), "trained"), False)
-    new_trained = pc.fill_null(pc.equal(both.column("new_status"), "trained"), False)
-    old_trained = old_trained.to_numpy(zero_copy_only=False)
-    new_trained = new_trained.to_numpy(zero_copy_only=False)
+    old_trained, new_trained = trained("old_status"), trained("new_status")
     keep = absent | (old_trained & ~new_trained)
     if not replace:
         losses = metrics.metric(metric).losses

@@ -22,7 +22,7 @@ from raybricks.compat import arrow_schema
 from raybricks.config import JobConfig
 from raybricks.console import stage
 from raybricks.data import count_segments, no_rows, select_and_filter, to_ray_dataset
-from raybricks.errors import ConfigError, DataError, RaybricksError, SourceNotFound
+from raybricks.errors import ConfigError, DataError, RaybricksError, SourceNotFound, key_text
 from raybricks.files import SegmentFiles, is_template
 from raybricks.kinds.forecasting import ForecastSpec
 from raybricks.results import release_memory
@@ -191,7 +191,7 @@ def duplicate_dates(df: DataFrame, config: JobConfig) -> str:
     if not found or not found["series"]:
         return "duplicate dates: none (every series has one row per date)"
     example = found["example"]
-    key = ", ".join(f"{k}={example[k]!r}" for k in keys)
+    key = key_text(example, keys)
     return (f"duplicate dates: {found['series']} of {found['total']} series have dates with "
             f"more than one row ({found['dates']} such date(s) in all; e.g. {key} on "
             f"{example['first']}); forecast.duplicates: {policy} "

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING
 
 from raybricks import console
 from raybricks.data import lay_out_by_segment
-from raybricks.errors import DataError, RaybricksError
+from raybricks.errors import DataError, RaybricksError, key_text
 from raybricks.kinds.forecasting import interval_columns
 from raybricks.segmented_model import (
     CLASSIFICATION,
@@ -622,7 +622,7 @@ def unserved_segments(segments: DataFrame, without: DataFrame | None, manifest: 
     grouped: dict[str, Unserved] = {}
     for row in sorted(ranked, key=lambda r: (-r["_total"], r["_why"], r["_n"])):
         entry = grouped.setdefault(row["_why"], Unserved(row["_why"], row["_total"], []))
-        key = ", ".join(f"{k}={row[k]!r}" for k in segment_by)
+        key = key_text(row, segment_by)
         reason = row["_reason"]
         if reason and len(reason) > REASON_CHARACTERS:
             reason = reason[:REASON_CHARACTERS - 3] + "..."

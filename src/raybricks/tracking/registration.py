@@ -16,6 +16,7 @@ import pandas as pd
 from raybricks import segmented_model
 from raybricks.compat import log_run_metrics, model_version_source
 from raybricks.config import JobConfig
+from raybricks.errors import key_text
 from raybricks.packaging import Packaged, compare, merge_segments
 from raybricks.tracking.model import RegistryError, log_segmented_model
 from raybricks.tracking.target import configure_tracking
@@ -200,7 +201,8 @@ def promote(config: JobConfig, version, packaged: Packaged, workdir: Path, run_i
                             workdir / "merged" / "segments", labels,
                             replace=rule == "replace")
     info = log_segmented_model(merged, example, MERGED_MODEL_NAME)
-    origins = pd.read_parquet(merged.directory / segmented_model.INDEX)
+    origins = pd.read_parquet(merged.directory / segmented_model.INDEX,
+                              columns=[*config.segment_by, "source"])
     merged_version = register(info.model_uri, name, run_id,
                               tags | {"raybricks.merged_from": ",".join(labels)}, "merged",
                               created, merge_description(config, origins, labels))
@@ -219,9 +221,8 @@ def merge_description(config: JobConfig, index: pd.DataFrame, labels: tuple[str,
     new = index[index["source"] == labels[0]]
     keys = new[config.segment_by].astype(object).where(
         new[config.segment_by].notna(), None)
-    named = "; ".join(", ".join(f"{k}={v!r}" for k, v in zip(config.segment_by, row,
-                                                              strict=True))
-                      for row in keys.head(NAMED_SEGMENTS).itertuples(index=False))
+    named = "; ".join(key_text(row, config.segment_by)
+                      for row in keys.head(NAMED_SEGMENTS).to_dict("records"))
     more = f" and {len(new) - NAMED_SEGMENTS} more" if len(new) > NAMED_SEGMENTS else ""
     rule = config.registry.promote
     why = (f"the segments listed in {config.source.segments} were retrained"
