@@ -355,6 +355,7 @@ def members_by_store(directory: Path) -> dict[str, list[tuple]]:
     return found
 
 
+@pytest.mark.topology
 def test_retraining_listed_segments_replaces_only_those(ray_on_spark, spark, tmp_path):
     """``source.segments`` (``raybricks train --segments``): only the listed segments
     train, a new one among them too; the registered version takes them from the run
