@@ -42,7 +42,7 @@ from raybricks.segmented_model import (
 FORMAT_VERSION = 1
 SEGMENTS_PER_ROW_GROUP = 256
 SEGMENTS_PER_SHARD = 20_000
-INDEX_COLUMNS = ("status", "reason", "metric", "baseline", "chosen", "source")
+INDEX_COLUMNS = ("status", "reason", "metric", "baseline", "chosen", "source", "profile")
 
 
 @dataclass
@@ -69,6 +69,8 @@ def package_result(result: TrainingResult, directory: Path, source: str = "") ->
         "features": result.features,
         "task": result.task,
         "metric": result.metric,
+        "target": result.target,
+        "time_column": result.time_column,
         "training_run": result.run_id,
         "forecast": result.forecast,
     } | ({} if result.task in CLASSIFICATION else {"classes": None})
@@ -93,6 +95,7 @@ def run_parts(result: TrainingResult, source: str) -> Iterator[tuple[pa.Table, p
             "baseline": _float_column(results, baseline),
             "chosen": _string_column(results, "chosen"),
             "source": pa.repeat(pa.scalar(source, pa.string()), results.num_rows),
+            "profile": _string_column(results, "profile"),
         })
         models = result.run_dir / "models" / file.name
         members = pq.read_table(models) if models.exists() else pa.table({})
@@ -428,6 +431,8 @@ def _merged_parts(sources: dict[Path, tuple[pa.Table, str]], segment_by: list[st
     for directory, (rows, label) in sources.items():
         rows = rows.set_column(rows.schema.get_field_index("source"), "source",
                                pa.repeat(pa.scalar(label, pa.string()), rows.num_rows))
+        if "profile" not in rows.column_names:  # a model from before profiles
+            rows = rows.append_column("profile", pa.nulls(rows.num_rows, pa.string()))
         shards = rows.column("shard")
         for shard in sorted(pc.unique(shards).to_pylist()):
             taken = rows.filter(pc.equal(shards, shard))

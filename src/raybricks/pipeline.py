@@ -11,12 +11,13 @@ fails loudly, before anything is registered, when they disagree.
 from __future__ import annotations
 
 import logging
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from raybricks import console, hierarchy
+from raybricks import console, hierarchy, monitoring
 from raybricks.cluster import ray_cluster, spark_session
 from raybricks.compat import arrow_schema
 from raybricks.config import JobConfig
@@ -27,7 +28,7 @@ from raybricks.files import SegmentFiles, is_template
 from raybricks.kinds.forecasting import ForecastSpec
 from raybricks.results import release_memory
 from raybricks.session import require_spark_context
-from raybricks.sources import only_segments, read_source, segment_files
+from raybricks.sources import only_segments, read_source, segment_files, source_of
 from raybricks.training import TrainingResult, train_segments
 from raybricks.training.engine import with_run_id
 from raybricks.training.tasks import make_plan, task_of
@@ -403,3 +404,97 @@ def publish(result: TrainingResult, config: JobConfig, timings: dict[str, float]
             f"training.resume=true --set training.run_id={result.run_id} to publish them "
             "without training again"
         ) from exc
+
+
+@dataclass(frozen=True)
+class MonitorReport:
+    """What ``monitor`` found: per status, how many segments are in it now (their latest
+    period), the monitoring table's location, the latest period, the MLflow run that
+    logged it (None: not logged) and the worst segments (their key and reason)."""
+
+    model_uri: str
+    model_version: str | None
+    output: str
+    latest_period: str | None
+    counts: dict[str, int]
+    run_id: str | None
+    seconds: float
+    worst: list[str]
+
+    def summary(self) -> str:
+        from raybricks.monitoring import STATUSES
+
+        counts = ", ".join(f"{self.counts.get(s, 0)} {s}" for s in STATUSES)
+        period = f" in period {self.latest_period}" if self.latest_period else ""
+        lines = [f"monitored {sum(self.counts.values())} segments of {self.model_uri} "
+                 f"(version {self.model_version}){period} into {self.output} in "
+                 f"{self.seconds:.1f}s: {counts}"]
+        lines += [f"  {line}" for line in self.worst]
+        if self.run_id:
+            lines.append(f"MLflow run: {self.run_id}")
+        return "\n".join(lines)
+
+
+#: How many segments the monitoring run's plot samples, and how many worst it lists.
+MONITOR_SAMPLE, MONITOR_WORST = 20_000, 50
+
+
+def monitor(model_uri: str, outcomes: str | DataFrame, output: str, *,
+            spark: SparkSession | None = None, period: str | None = None,
+            time_column: str | None = None, target: str | None = None,
+            thresholds: monitoring.Thresholds | None = None, log_run: bool = True,
+            partitions: int | None = None) -> MonitorReport:
+    """Monitor a registered model on realized ``outcomes`` (``monitoring.measure``):
+    write one row per segment and period to ``output``, then (``log_run``) log an
+    MLflow run beside the model's training run: counts by status, the realized against
+    validation error, the worst segments, a plot."""
+    from pyspark.sql import functions as F
+
+    from raybricks.scoring import write_output
+    from raybricks.tracking.monitoring import MonitoringLog, log_monitoring
+
+    start = time.perf_counter()
+    spark = spark or spark_session()
+    measured = monitoring.measure(model_uri, outcomes, spark, period=period,
+                                  time_column=time_column, target=target,
+                                  thresholds=thresholds, partitions=partitions)
+    with stage("monitoring", says=f"monitoring: every segment into {output}"):
+        write_output(measured.table, output)
+    written = read_source(source_of(output), spark)
+    current = written if measured.latest is None else written.where(
+        F.col("period") == measured.latest)
+    counts = {r["status"]: int(r["count"]) for r in current.groupBy("status").count().collect()}
+    keys = measured.segment_by
+    label = F.concat_ws("/", *[F.coalesce(F.col(k).cast("string"), F.lit("null"))
+                               for k in keys]).alias("segment")
+    shown = ["realized", "validation", "baseline_realized", "status"]
+    sample = current.select(label, *shown).where(F.col("status") != monitoring.SILENT)
+    total = sum(counts.values())
+    if total > MONITOR_SAMPLE:
+        sample = sample.sample(fraction=MONITOR_SAMPLE / total, seed=0)
+    worst = (current.where(F.col("status") == monitoring.DEGRADED)
+             .withColumn("ratio", F.col("realized") / F.col("validation"))
+             .orderBy(F.col("ratio").desc_nulls_last()).limit(MONITOR_WORST)
+             .select(label, "realized", "validation", "reason").toPandas())
+    steps = None
+    if measured.forecast:
+        steps = (current.select(F.posexplode("step_errors").alias("position", "error"))
+                 .where(F.col("error").isNotNull()).groupBy("position")
+                 .agg(F.avg("error").alias("mean"), F.count("error").alias("series"))
+                 .orderBy("position").toPandas())
+        steps.insert(0, "step", steps.pop("position") + 1)
+    run_id = None
+    if log_run:
+        params = {"model": model_uri, "model_version": measured.version,
+                  "outcomes": outcomes if isinstance(outcomes, str) else "DataFrame",
+                  "output": output, "period": period, "latest_period": measured.latest,
+                  "metric": measured.metric,
+                  **vars(thresholds or monitoring.Thresholds())}
+        run_id = log_monitoring(model_uri, MonitoringLog(
+            params, counts, measured.metric, sample.toPandas(), worst, steps,
+            {"segments": float(total)}))
+    described = [f"{row.segment}: {row.reason}" for row in worst.head(5).itertuples()]
+    report = MonitorReport(model_uri, measured.version, output, measured.latest, counts,
+                           run_id, time.perf_counter() - start, described)
+    log.info("%s", report.summary())
+    return report

@@ -37,7 +37,8 @@ def result_schema(keys: list[pa.Field], metric_name: str, candidates: list[str])
     whichever statuses its segments ended in, so the parts read as one table.
     ``<candidate>_seconds``: the core seconds of evaluating that candidate on the segment
     (its fits and scoring, every setting searched), beside ``fit_seconds``, the whole
-    segment's."""
+    segment's; ``profile``: a trained segment's training rows summarized for monitoring
+    (``raybricks.profiles``, JSON)."""
     scores = [f"baseline_{metric_name}", *(f"{c}_{metric_name}" for c in candidates),
               f"metric_{metric_name}"]
     timed = [f"{c}_seconds" for c in candidates if c not in RESERVED_NAMES]
@@ -49,6 +50,7 @@ def result_schema(keys: list[pa.Field], metric_name: str, candidates: list[str])
         pa.field("chosen", pa.string()), pa.field("weights", pa.string()),
         pa.field("fit_seconds", pa.float64()),
         *(pa.field(name, pa.float64()) for name in timed),
+        pa.field("profile", pa.string()),
     ])
 
 
@@ -202,6 +204,8 @@ class TrainingResult:
     features: tuple[str, ...] | list[str] = ()
     example: pd.DataFrame | None = None  # a few input rows (segment columns and features)
     forecast: dict[str, Any] | None = None  # task forecast: what ``raybricks forecast`` needs
+    target: str | None = None  # the target column (monitoring reads actuals from it)
+    time_column: str | None = None  # the time column, if training had one
 
     @functools.cached_property
     def segments(self) -> pd.DataFrame:

@@ -411,7 +411,8 @@ def train_segments(
     result = TrainingResult(run_id, run_dir, plan.segment_by, plan.metric, fallback,
                             time.perf_counter() - start, task=plan.task,
                             features=plan.features, example=example,
-                            forecast=task.manifest(plan, segmented.schema))
+                            forecast=task.manifest(plan, segmented.schema),
+                            target=plan.target, time_column=plan.time_column)
     log.info("%s", result.summary())
     return result
 

@@ -72,6 +72,11 @@ class Unit:
         reason may be completed); nothing by default."""
         return []
 
+    def profile(self, prepared: Any) -> dict[str, Any] | None:
+        """A trained unit's training rows as monitoring compares new rows with them
+        (``raybricks.profiles``); none by default."""
+        return None
+
 
 def train(unit: Unit) -> tuple[SegmentResult, list[dict[str, Any]]]:
     """Train one unit. Never raises: the result row says trained, skipped (a data
@@ -91,6 +96,7 @@ def train(unit: Unit) -> tuple[SegmentResult, list[dict[str, Any]]]:
             row.seconds = seconds
         chosen = unit.select(prepared, row, evaluations)
         members = unit.members(prepared, chosen)
+        row.profile = unit.profile(prepared)
         row.status = TRAINED
     except Exception as exc:  # noqa: BLE001 - a bad unit never stops the job
         row = result_for_error(exc, unit.key, unit.n_rows)

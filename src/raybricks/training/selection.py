@@ -210,6 +210,7 @@ class SegmentResult:
     weights: list[float] | None = None
     fit_seconds: float | None = None
     seconds: dict[str, float] = field(default_factory=dict)  # each candidate's, by name
+    profile: dict[str, Any] | None = None  # ``Unit.profile``: what monitoring compares with
 
     def as_row(self, plan: Plan) -> dict[str, Any]:
         """The result table's row: the segment columns, then the schema's columns (those
@@ -223,7 +224,8 @@ class SegmentResult:
                     "chosen": None if self.chosen is None else json.dumps(self.chosen),
                     "weights": None if self.weights is None else json.dumps(self.weights),
                     "fit_seconds": self.fit_seconds,
-                    **{f"{name}_seconds": v for name, v in self.seconds.items()}}
+                    **{f"{name}_seconds": v for name, v in self.seconds.items()},
+                    "profile": None if self.profile is None else json.dumps(self.profile)}
         scored = {f"{name}_{metric}" for name in self.scores}
         row.update({k: v for k, v in optional.items() if v is not None or k in scored})
         return row

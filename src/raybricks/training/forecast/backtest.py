@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from raybricks import kinds, metrics
+from raybricks import kinds, metrics, profiles
 from raybricks.config import CandidateConfig
 from raybricks.kinds.base import MemberMeta, SeriesMeta, member_meta
 from raybricks.kinds.forecasting import (
@@ -151,17 +151,20 @@ def series_meta(series: Series, plan: Plan, bounds: dict[str, Any] | None = None
                 residuals: np.ndarray | None = None) -> MemberMeta:
     """What a stored member of this series needs to answer future dates (and
     ``bounds``: its ensemble's interval offsets; ``residuals``: its backtest errors)."""
-    last = series.frame[TIME].iloc[-1]
     spec = plan.forecast
-    stored: SeriesMeta = {
-        "frequency": spec.frequency, "exogenous": spec.exogenous,
-        "last": last.isoformat() if isinstance(last, pd.Timestamp) else int(last),
-        "limit": answered(spec)}
+    stored: SeriesMeta = {"frequency": spec.frequency, "exogenous": spec.exogenous,
+                          "last": last_period(series), "limit": answered(spec)}
     if bounds:
         stored["intervals"] = bounds
     if residuals is not None:
         stored["residuals"] = np.round(residuals, 10).tolist()
     return member_meta([plan.time_column, *spec.exogenous], plan.task, forecast=stored)
+
+
+def last_period(series: Series) -> str | int:
+    """The series' last period as stored: an ISO date-time (UTC, naive) or an integer."""
+    last = series.frame[TIME].iloc[-1]
+    return last.isoformat() if isinstance(last, pd.Timestamp) else int(last)
 
 
 def fitted_member(candidate: CandidateConfig, weight: float, params: dict[str, Any],
@@ -319,6 +322,19 @@ class SeriesUnit(Unit):
             -1, self.plan.forecast.horizon) if self.plan.forecast.residuals else None)
         return [fitted_member(e.candidate, w, e.params, bt.series, self.plan, self.key,
                               bounds, residuals) for e, w in chosen]
+
+    def profile(self, bt: Backtest) -> dict[str, Any]:
+        """The series' naive forecast (its last season, or value, as its baseline chose),
+        MASE's scale on its whole history, its last period and its numeric exogenous
+        columns' bins."""
+        spec, y = self.plan.forecast, bt.series.y
+        season = (spec.season_length if bt.naive is not None
+                  and bt.naive.candidate.estimator == "SeasonalNaive" else 1)
+        numeric = [c for c in spec.exogenous
+                   if pd.api.types.is_numeric_dtype(bt.series.frame[c].dtype)]
+        values = bt.series.frame[numeric].to_numpy(dtype="float64", na_value=np.nan)
+        return profiles.profile(values, numeric, None, [], y[-season:].tolist()) | {
+            "scale": scale(y, spec.season_length), "last": last_period(bt.series)}
 
     def served(self, error: Exception, row: SegmentResult) -> list[dict[str, Any]]:
         if not isinstance(error, Skip):

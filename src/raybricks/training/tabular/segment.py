@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from raybricks import kinds, metrics
+from raybricks import kinds, metrics, profiles
 from raybricks.config import CandidateConfig
 from raybricks.kinds import CLASSIFICATION, ModelKind, filled_input, prepare_features
 from raybricks.kinds.base import MemberMeta, member_meta
@@ -312,6 +312,14 @@ def baseline(prep: Prepared, plan: Plan) -> np.ndarray:
     return np.concatenate(parts)
 
 
+def naive_prediction(prep: Prepared, plan: Plan) -> list[float]:
+    """What the naive baseline fitted on all the segment's rows predicts: its mean (its
+    last value, time-ordered), or its class frequencies."""
+    if plan.task in CLASSIFICATION:
+        return (np.bincount(prep.y, minlength=len(prep.meta["classes"])) / prep.n_rows).tolist()
+    return [float(prep.y[-1] if plan.method == "time" else prep.y.mean())]
+
+
 def _fit_split(prep: Prepared, kind: ModelKind, params, train, plan: Plan, seed: int):
     """Fit on the training rows; returns the model and the class codes it saw."""
     y = prep.y[train]
@@ -466,6 +474,12 @@ class TableSegment(Unit):
 
     def members(self, prep: Prepared, chosen: Chosen) -> list[dict[str, Any]]:
         return member_rows(prep, chosen, self.plan, self.key)
+
+    def profile(self, prep: Prepared) -> dict[str, Any]:
+        categorical = list(prep.meta["categorical"])
+        numeric = [c for c in self.plan.features if c not in prep.meta["categorical"]]
+        return profiles.profile(prep.values, numeric, prep.X if categorical else None,
+                                categorical, naive_prediction(prep, self.plan))
 
     def served(self, error: Exception, row: SegmentResult) -> list[dict[str, Any]]:
         if self.data is not None and (isinstance(error, ConstantTarget) or (

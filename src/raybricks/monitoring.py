@@ -1,0 +1,496 @@
+"""Per-segment monitoring of a registered model on realized outcomes: how each segment's
+model does on rows it has now met, against what training promised.
+
+``measure`` reads a table of outcomes (the segment columns, the actual target and either
+the model's predictions or the features, which it then scores), joins each segment's
+row of the model's index (its status and validation metric from training, its baseline's
+and its ``profile``: ``raybricks.profiles``), lays the rows out by segment and, in Spark
+tasks, writes one row per segment and period: the realized metric, the naive baseline's
+realized metric on the same rows, the validation metric, feature drift (PSI) and a
+status with its reason:
+
+- ``degraded``: the realized error is significantly worse than the validation error
+  (by more than ``Thresholds.tolerance``, and by a one-sided test where the metric is a
+  mean of row losses), or the baseline beats the model on these rows (a paired test);
+- ``drifted``: a feature's PSI is at least ``Thresholds.psi`` and a chi-square test says
+  the shift is not noise;
+- ``new``: a segment the model has never seen; ``silent``: a segment of the model with
+  no row in the latest period; ``ok`` otherwise (also when too few rows to judge, said
+  in the reason).
+
+Forecasting models: each row's horizon step is its period's position after the series'
+history; the realized metric is also given per step (``step_errors``).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from raybricks import console, metrics, profiles
+from raybricks.errors import ConfigError, DataError
+from raybricks.segmented_model import CLASSIFICATION
+
+if TYPE_CHECKING:
+    import pandas as pd
+    from pyspark.sql import DataFrame, SparkSession
+
+OK, DEGRADED, DRIFTED, NEW, SILENT = "ok", "degraded", "drifted", "new", "silent"
+STATUSES = (OK, DEGRADED, DRIFTED, NEW, SILENT)
+#: Periods ``--period`` cuts outcomes into (Spark's ``date_trunc`` units).
+PERIODS = ("day", "week", "month", "quarter", "year")
+#: A metric that is the mean of its row losses, and the validation value's row-loss
+#: mean (rmse: its square): what the one-sided test against validation compares.
+ROW_LOSS_MEAN = {
+    "mae": lambda v: v, "mase": lambda v: v, "smape": lambda v: v, "mape": lambda v: v,
+    "rmse": lambda v: v * v, "logloss": lambda v: v, "accuracy": lambda v: 1.0 - v,
+}
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """When a segment's period is judged: at least ``min_rows`` scored rows; degraded
+    when realized error is worse than validation by more than ``tolerance`` (a share)
+    at significance ``alpha``, or the baseline is better at ``alpha``; drifted when a
+    feature's PSI reaches ``psi`` at ``alpha`` (split over the features)."""
+
+    min_rows: int = 10
+    tolerance: float = 0.25
+    alpha: float = 0.01
+    psi: float = 0.25
+
+    def __post_init__(self) -> None:
+        if self.min_rows < 2 or self.tolerance < 0 or not 0 < self.alpha < 1 or self.psi <= 0:
+            raise ConfigError(
+                f"monitoring thresholds out of range: min_rows {self.min_rows} (>= 2), "
+                f"tolerance {self.tolerance} (>= 0), alpha {self.alpha} (0..1), psi "
+                f"{self.psi} (> 0)")
+
+
+def output_schema(key_fields: list) -> Any:
+    """The monitoring table's Spark schema: the segment columns, then what was measured."""
+    from pyspark.sql import types as T
+
+    double, text, count = T.DoubleType(), T.StringType(), T.LongType()
+    return T.StructType([*key_fields, *[T.StructField(name, kind) for name, kind in (
+        ("period", text), ("rows", count), ("scored_rows", count), ("metric", text),
+        ("realized", double), ("baseline_realized", double), ("validation", double),
+        ("validation_baseline", double), ("drift_psi", double), ("drift_feature", text),
+        ("drift_p", double), ("step_errors", T.ArrayType(double)),
+        ("model_status", text), ("status", text), ("reason", text),
+        ("model_version", text))]])
+
+
+# --------------------------------------------------------------------------- the tasks
+
+
+@dataclass(frozen=True)
+class Judge:
+    """What a task needs to measure a segment's period: the model's manifest, the
+    thresholds, the target and prediction columns."""
+
+    manifest: dict
+    thresholds: Thresholds
+    target: str
+    predictions: list[str]  # ``prediction``, or one probability column per class
+    version: str | None
+
+    @property
+    def metric(self) -> metrics.Metric:
+        return metrics.metric(self.manifest["metric"])
+
+    def actual_and_predicted(self, frame: pd.DataFrame) -> tuple[np.ndarray, np.ndarray,
+                                                                   np.ndarray]:
+        """The rows with an actual and a prediction: their positions, actuals (class
+        codes for classification) and predictions (a probability matrix)."""
+        import pandas as pd
+
+        predicted = frame[self.predictions].to_numpy(dtype="float64", na_value=np.nan)
+        usable = np.isfinite(predicted).all(axis=1)
+        if self.manifest["task"] in CLASSIFICATION:
+            classes = self.manifest.get("classes") or []
+            codes = pd.Index(classes).get_indexer(frame[self.target].astype(object))
+            usable &= codes >= 0
+            rows = np.flatnonzero(usable)
+            return rows, codes[rows], predicted[rows]
+        actual = pd.to_numeric(frame[self.target], errors="coerce").to_numpy(
+            dtype="float64", na_value=np.nan)
+        rows = np.flatnonzero(usable & np.isfinite(actual))
+        return rows, actual[rows], predicted[rows, 0]
+
+    def judge(self, frame: pd.DataFrame) -> dict[str, Any]:
+        """One segment's period (its rows: ``frame``) measured and judged."""
+        first = frame.iloc[0]
+        status_in_model = first["_model_status"]
+        stored = json.loads(first["_profile"]) if isinstance(first["_profile"], str) else None
+        rows, y, predicted = self.actual_and_predicted(frame)
+        steps = self.steps(frame.iloc[rows], stored)
+        if steps is not None:  # forecasts: only the periods after the series' history
+            kept = steps > 0
+            rows, y, predicted, steps = rows[kept], y[kept], predicted[kept], steps[kept]
+        found: dict[str, Any] = {
+            "rows": len(frame), "scored_rows": len(rows), "metric": self.metric.name,
+            "validation": _number(first["_validation"]),
+            "validation_baseline": _number(first["_validation_baseline"]),
+            "model_status": status_in_model, "model_version": self.version,
+            "realized": None, "baseline_realized": None, "drift_psi": None,
+            "drift_feature": None, "drift_p": None, "step_errors": None}
+        baseline = self.naive(stored, len(rows), steps)
+        if self.metric.scaled:  # MASE: errors in units of the series' in-sample error
+            scale = float(stored.get("scale", 1.0)) if stored else 1.0
+            y, predicted = y / scale, predicted / scale
+            baseline = None if baseline is None else baseline / scale
+        if len(rows):
+            found["realized"] = self.score(y, predicted)
+            if baseline is not None:
+                found["baseline_realized"] = self.score(y, baseline)
+            if steps is not None:
+                found["step_errors"] = [
+                    self.score(y[steps == s], predicted[steps == s])
+                    if (steps == s).any() else None
+                    for s in range(1, self.manifest["forecast"]["horizon"] + 1)]
+        drift = profiles.drifts(stored, frame) if stored else []
+        if drift:
+            found.update(drift_psi=drift[0].psi, drift_feature=drift[0].feature,
+                         drift_p=drift[0].p_value)
+        found["status"], found["reason"] = self.verdict(found, status_in_model, y,
+                                                        predicted, baseline, drift)
+        return found
+
+    def score(self, y: np.ndarray, predicted: np.ndarray) -> float | None:
+        value = self.metric.score(y, predicted)
+        return None if value != value else float(value)
+
+    def steps(self, frame: pd.DataFrame, stored: dict | None) -> np.ndarray | None:
+        """Forecasting: each row's horizon step after the series' last trained period
+        (0: not a period the model forecast); None for other tasks."""
+        spec = self.manifest.get("forecast")
+        if not spec:
+            return None
+        if not stored or "last" not in stored:
+            return np.zeros(len(frame), dtype="int64")
+        import pandas as pd
+
+        from raybricks.kinds.forecasting import future_times
+
+        last = stored["last"]
+        steps = isinstance(last, int)
+        future = future_times(spec["frequency"], last if steps else pd.Timestamp(last),
+                              spec["answers"])
+        known = (np.asarray(future, dtype="int64") if steps
+                 else pd.DatetimeIndex(future).as_unit("ns").asi8)
+        position = dict(zip(known.tolist(), range(1, len(known) + 1), strict=True))
+        times = frame[spec["time_column"]]
+        if steps:
+            values = times.astype("int64").tolist()
+        else:
+            times = pd.to_datetime(times)
+            if getattr(times.dt, "tz", None) is not None:  # stored dates are UTC, naive
+                times = times.dt.tz_convert("UTC").dt.tz_localize(None)
+            values = times.to_numpy(dtype="datetime64[ns]").astype("int64").tolist()
+        return np.array([position.get(v, 0) for v in values], dtype="int64")
+
+    def naive(self, stored: dict | None, rows: int, steps: np.ndarray | None
+              ) -> np.ndarray | None:
+        """The naive baseline's predictions of the rows: the segment's stored constant
+        (class frequencies), or for a series its last season's (value's) continuation."""
+        if not stored or not stored.get("naive"):
+            return None
+        naive = np.asarray(stored["naive"], dtype="float64")
+        if steps is not None:
+            return naive[(steps - 1) % len(naive)]
+        if self.manifest["task"] in CLASSIFICATION:
+            return np.tile(naive, (rows, 1))
+        return np.full(rows, naive[0])
+
+    def verdict(self, found: dict[str, Any], status_in_model: str | None, y: np.ndarray,
+                predicted: np.ndarray, baseline: np.ndarray | None,
+                drift: list[profiles.Drift]) -> tuple[str, str]:
+        """The period's status and why."""
+        if status_in_model is None:
+            return NEW, "not in the model: training never saw this segment"
+        limits, metric = self.thresholds, self.metric
+        name, scored = metric.name, found["scored_rows"]
+        if scored < limits.min_rows:
+            return OK, (f"{scored} scored row(s): too few to judge (min_rows "
+                        f"{limits.min_rows})")
+        reasons, status = [], OK
+        realized, validation = found["realized"], found["validation"]
+        if self.worse_than_validation(realized, validation, y, predicted):
+            status = DEGRADED
+            reasons.append(f"realized {name} {realized:.4g} against {validation:.4g} in "
+                           f"validation ({_change(metric, realized, validation)})")
+        if baseline is not None and metric.clearly_better(
+                y, baseline, predicted, _z(limits.alpha)):
+            status = DEGRADED
+            reasons.append(f"the naive baseline does better on these {scored} rows "
+                           f"({name} {found['baseline_realized']:.4g} against "
+                           f"{realized:.4g})")
+        level = limits.alpha / max(len(drift), 1)  # every feature is a test
+        moved = [d for d in drift if d.psi >= limits.psi and d.p_value < level]
+        if moved:
+            status = DRIFTED if status == OK else status
+            reasons.append("drifted: " + ", ".join(
+                f"{d.feature} (PSI {d.psi:.2f}, p {d.p_value:.1g})" for d in moved[:3])
+                + (f" and {len(moved) - 3} more" if len(moved) > 3 else ""))
+        if status == OK:
+            reasons.append(f"realized {name} {_text(realized)}, validation "
+                           f"{_text(validation)}" + (f", largest PSI {drift[0].psi:.2f} "
+                                                     f"({drift[0].feature})" if drift else ""))
+        return status, "; ".join(reasons)
+
+    def worse_than_validation(self, realized: float | None, validation: float | None,
+                              y: np.ndarray, predicted: np.ndarray) -> bool:
+        """Realized worse than validation by more than the tolerance and, for a metric
+        that is a mean of row losses, by a one-sided test of the rows' losses."""
+        metric, limits = self.metric, self.thresholds
+        if realized is None or validation is None or metric.signed:
+            return False
+        worse = metric.loss(realized) - metric.loss(validation)
+        if worse <= limits.tolerance * abs(metric.loss(validation)) + metrics.EPS:
+            return False
+        expected = ROW_LOSS_MEAN.get(metric.name)
+        if expected is None:
+            return True
+        losses = metric.row_loss(y, predicted)
+        losses = losses[np.isfinite(losses)]
+        if len(losses) < 2:
+            return False
+        error = float(losses.std(ddof=1)) / np.sqrt(len(losses))
+        return float(losses.mean()) - expected(validation) > _z(limits.alpha) * error
+
+
+def _number(value: Any) -> float | None:
+    return None if value is None or value != value else float(value)
+
+
+def _text(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.4g}"
+
+
+def _change(metric: metrics.Metric, realized: float, validation: float) -> str:
+    if not validation:
+        return "worse"
+    return f"{abs(realized - validation) / abs(validation):.0%} worse"
+
+
+def _z(alpha: float) -> float:
+    from scipy.stats import norm
+
+    return float(norm.isf(alpha))
+
+
+def measure_partitions(judge: Judge, segment_by: list[str], has_period: bool):
+    """The mapInPandas function: the rows arrive laid out by segment (a segment's rows
+    consecutive, possibly over several batches); each segment's periods are judged
+    once all its rows are in."""
+    import pandas as pd
+
+    columns = [*segment_by, "period", *[f.name for f in output_schema([]).fields]]
+
+    def judged(frame: pd.DataFrame) -> pd.DataFrame:
+        out = []
+        group_by = [*segment_by, "_period"] if has_period else segment_by
+        for key, rows in frame.groupby(group_by, dropna=False, sort=False):
+            key = key if isinstance(key, tuple) else (key,)
+            found = judge.judge(rows.reset_index(drop=True))
+            keys = dict(zip(segment_by, key[:len(segment_by)], strict=True))
+            period = key[-1] if has_period else None
+            out.append({**keys, "period": None if period is None or period != period
+                        else str(period), **found})
+        return pd.DataFrame(out, columns=list(dict.fromkeys(columns)))
+
+    def measure(batches):
+        carry = None
+        for batch in batches:
+            frame = batch if carry is None else pd.concat([carry, batch], ignore_index=True)
+            if not len(frame):
+                continue
+            codes = frame[segment_by].groupby(segment_by, dropna=False, sort=False
+                                              ).ngroup().to_numpy()
+            last = int(np.argmax(codes == codes[-1]))  # where the last segment starts
+            carry = frame.iloc[last:].reset_index(drop=True)
+            if last:
+                yield judged(frame.iloc[:last])
+        if carry is not None and len(carry):
+            yield judged(carry)
+
+    return measure
+
+
+# --------------------------------------------------------------------------- the job
+
+
+@dataclass
+class Measured:
+    """What ``measure`` produced: the monitoring table (lazy, or where it was written),
+    the latest period (None: one period, every row) and the model's version."""
+
+    table: DataFrame
+    latest: str | None
+    version: str | None
+    segment_by: list[str]
+    metric: str
+    forecast: bool
+    seconds: float = 0.0
+
+
+def index_frame(spark: SparkSession, archive: str, directory: Path, columns: list[str]
+                ) -> DataFrame:
+    """The model's index (``columns``) as a Spark DataFrame read by the executors from
+    the shipped archive, one row group per task (the driver reads only its footer)."""
+    import pyarrow.parquet as pq
+    from pyspark.sql import functions as F
+    from pyspark.sql import types as T
+    from pyspark.sql.pandas.types import from_arrow_type
+
+    from raybricks.segmented_model import INDEX
+
+    schema = pq.read_schema(directory / INDEX)
+    groups = pq.ParquetFile(directory / INDEX).metadata.num_row_groups
+    present = [c for c in columns if c in schema.names]
+    spark_schema = T.StructType([T.StructField(c, from_arrow_type(schema.field(c).type), True)
+                                 for c in present])
+
+    def read(batches):
+        from pyspark import SparkFiles
+
+        from raybricks.scoring import unpacked
+
+        shipped = unpacked(Path(SparkFiles.get(archive)).resolve()) / INDEX
+        file = pq.ParquetFile(shipped)
+        for batch in batches:
+            for group in batch["id"].tolist():
+                yield file.read_row_group(int(group), columns=present).to_pandas()
+
+    slices = max(1, min(groups, spark.sparkContext.defaultParallelism))
+    frame = spark.range(groups, numPartitions=slices).mapInPandas(read, spark_schema)
+    for column in columns:
+        if column not in present:  # a model from before profiles
+            frame = frame.withColumn(column, F.lit(None).cast("string"))
+    return frame
+
+
+def prediction_columns(manifest: dict, columns: list[str]) -> tuple[list[str], bool]:
+    """The outcome columns that hold the model's predictions, and whether they are there
+    (else monitoring scores the rows)."""
+    if manifest["task"] in CLASSIFICATION:
+        wanted = [f"probability_{c}" for c in manifest.get("classes") or []]
+        if "prediction" in columns and not all(c in columns for c in wanted):
+            raise DataError(
+                "the outcomes have a 'prediction' column but not the class probabilities "
+                f"{wanted}: monitoring a classifier needs them (score with --probabilities)"
+                ", or drop 'prediction' and raybricks scores the rows")
+    else:
+        wanted = ["prediction"]
+    return wanted, all(c in columns for c in wanted)
+
+
+def measure(model_uri: str, outcomes: str | DataFrame, spark: SparkSession, *,
+            period: str | None = None, time_column: str | None = None,
+            target: str | None = None, thresholds: Thresholds | None = None,
+            partitions: int | None = None) -> Measured:
+    """The monitoring table of ``outcomes`` (a table, path or DataFrame) under the model
+    at ``model_uri`` (lazy: one Spark job when written)."""
+    from functools import reduce
+
+    from pyspark.sql import functions as F
+
+    from raybricks.data import lay_out_by_segment
+    from raybricks.scoring import _score, fetch_model, key_types, model_version_of, ship_segments
+    from raybricks.sources import read_source, source_of
+
+    start = time.perf_counter()
+    thresholds = thresholds or Thresholds()
+    with console.stage("model", says=f"model: {model_uri} from the registry"):
+        local, manifest = fetch_model(model_uri)
+    directory = local / "artifacts" / "segments"
+    segment_by, spec = manifest["segment_by"], manifest.get("forecast")
+    target = target or manifest.get("target")
+    if not target:
+        raise ConfigError(f"{model_uri} does not record its target column (trained before "
+                          "raybricks 0.x recorded it): pass --target")
+    df = outcomes if not isinstance(outcomes, str) else read_source(source_of(outcomes), spark)
+    missing = [c for c in [*segment_by, target] if c not in df.columns]
+    if missing:
+        raise DataError(f"the outcomes lack column(s) {missing}: monitoring needs the "
+                        f"segment columns {segment_by} and the actual target {target!r}")
+    time_column = time_column or (spec or {}).get("time_column") or manifest.get("time_column")
+    if period is not None:
+        if period not in PERIODS:
+            raise ConfigError(f"period {period!r}: use one of {', '.join(PERIODS)}")
+        if not time_column or time_column not in df.columns:
+            raise DataError(f"period {period!r} needs the outcomes' time column "
+                            f"({time_column!r} not found): pass --time-column")
+    predictions, predicted = prediction_columns(manifest, df.columns)
+    version = model_version_of(model_uri)
+    archive = ship_segments(spark, directory)
+    index = index_frame(spark, archive, directory,
+                        [*segment_by, "status", "metric", "baseline", "profile"])
+    renamed = index.select(*[F.col(k).alias(f"_key{i}") for i, k in enumerate(segment_by)],
+                           F.col("status").alias("_model_status"),
+                           F.col("metric").alias("_validation"),
+                           F.col("baseline").alias("_validation_baseline"),
+                           F.col("profile").alias("_profile"))
+    same = reduce(lambda a, b: a & b, [df[k].eqNullSafe(renamed[f"_key{i}"])
+                                       for i, k in enumerate(segment_by)])
+    joined = df.join(renamed, same, "left").drop(*[f"_key{i}" for i in range(len(segment_by))])
+    if period is not None:
+        joined = joined.withColumn("_period", F.date_format(
+            F.date_trunc(period, F.col(time_column)), "yyyy-MM-dd"))
+    if predicted:
+        laid = lay_out_by_segment(joined, segment_by, partitions)
+    else:
+        laid = _score(model_uri, local, manifest, joined, None, spark,
+                      manifest["task"] in CLASSIFICATION, 2048, partitions,
+                      start)
+    judge = Judge(manifest, thresholds, target, predictions, version)
+    keys = key_types(directory, segment_by)
+    measured = laid.mapInPandas(measure_partitions(judge, segment_by, period is not None),
+                                output_schema(keys))
+    latest = None
+    if period is not None:
+        latest = joined.agg(F.max("_period")).first()[0]
+    silent = silent_segments(index, joined, segment_by, latest, manifest, version, keys)
+    return Measured(measured.unionByName(silent), latest, version, segment_by,
+                    manifest["metric"], bool(spec), time.perf_counter() - start)
+
+
+def silent_segments(index: DataFrame, joined: DataFrame, segment_by: list[str],
+                    latest: str | None, manifest: dict, version: str | None, keys: list
+                    ) -> DataFrame:
+    """The model's segments without a row in the latest period (every row, without
+    periods), as monitoring rows of status ``silent`` (the reason: the last period they
+    had rows in, if any)."""
+    from pyspark.sql import functions as F
+
+    seen = joined.select(*segment_by, *(["_period"] if latest is not None else [])) \
+        .groupBy(*segment_by).agg(
+            (F.max("_period") if latest is not None else F.lit(None).cast("string"))
+            .alias("_last_seen"), F.lit(True).alias("_seen"))
+    cond = [index[k].eqNullSafe(seen[k]) for k in segment_by]
+    from functools import reduce
+
+    both = index.join(seen, reduce(lambda a, b: a & b, cond), "left")
+    quiet = ~F.coalesce(F.col("_seen"), F.lit(False))
+    if latest is not None:
+        quiet = quiet | (F.col("_last_seen") < F.lit(latest))
+    why = F.when(F.col("_last_seen").isNotNull(),
+                 F.concat(F.lit(f"no rows in the latest period {latest}; last rows in "),
+                          F.col("_last_seen"))).otherwise(
+        F.lit("no rows in the outcomes" + (f" (latest period {latest})" if latest else "")))
+    schema = output_schema(keys)
+    values = {"period": F.lit(latest).cast("string"), "rows": F.lit(0).cast("long"),
+              "scored_rows": F.lit(0).cast("long"), "metric": F.lit(manifest["metric"]),
+              "validation": index["metric"], "validation_baseline": index["baseline"],
+              "model_status": index["status"], "status": F.lit(SILENT), "reason": why,
+              "model_version": F.lit(version).cast("string")}
+    columns = [index[k] for k in segment_by] + [
+        values.get(f.name, F.lit(None).cast(f.dataType)).alias(f.name)
+        for f in schema.fields[len(segment_by):]]
+    return both.where(quiet).select(*columns)

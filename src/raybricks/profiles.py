@@ -1,0 +1,137 @@
+"""What monitoring compares new rows with: a segment's training rows summarized at
+training time (its ``profile``, stored in the model's index), and the drift of new rows
+against it.
+
+A profile holds, per feature, the bins of its training values (numeric: quantile edges;
+categorical: its most frequent categories) with the share of training rows in each (and
+in a bin of missing values), how many rows it summarizes, and the segment's naive
+prediction (``naive``: what its baseline predicts, for the baseline's realized error).
+Drift of a feature is the population stability index (PSI) of the new rows' shares
+against the training shares, with a chi-square test of the two samples' counts, so a
+small segment's noise does not read as drift. numpy, pandas and scipy only: it runs in
+the training tasks and in monitoring's Spark tasks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+#: The most bins a numeric feature is cut into (deciles); fewer for small segments.
+MAX_BINS = 10
+#: Training rows per bin at least: a segment of 40 rows gets 4 bins.
+ROWS_PER_BIN = 10
+#: The categories of a categorical feature kept by name (the others share one bin).
+TOP_CATEGORIES = 9
+
+
+def bins_for(rows: int) -> int:
+    """How many quantile bins ``rows`` training values are cut into (2 to ``MAX_BINS``)."""
+    return int(min(MAX_BINS, max(2, rows // ROWS_PER_BIN)))
+
+
+def numeric_profile(values: np.ndarray) -> dict[str, Any]:
+    """A numeric feature's training values (NaN: missing) as quantile ``edges`` and the
+    ``shares`` of rows in each bin, the last share being the missing values'."""
+    present = values[~np.isnan(values)]
+    if not len(present):
+        return {"edges": [], "shares": [0.0, 1.0]}
+    cuts = np.linspace(0, 1, bins_for(len(present)) + 1)[1:-1]
+    edges = np.unique(np.quantile(present, cuts))
+    return {"edges": edges.tolist(), "shares": _shares(numeric_bins(values, edges),
+                                                        len(edges) + 2)}
+
+
+def categorical_profile(values: pd.Series) -> dict[str, Any]:
+    """A categorical feature's training values as its most frequent ``categories`` and
+    the ``shares`` of rows in each, then the other categories', then the missing."""
+    text = values.astype("object").where(values.notna(), None)
+    counts = text.dropna().astype(str).value_counts()
+    categories = counts.index[:TOP_CATEGORIES].tolist()
+    return {"categories": categories,
+            "shares": _shares(categorical_bins(text, categories), len(categories) + 2)}
+
+
+def numeric_bins(values: np.ndarray, edges: np.ndarray | list[float]) -> np.ndarray:
+    """Each value's bin: 0..len(edges) by the edges (a value on an edge goes below it),
+    len(edges) + 1 for a missing one."""
+    edges = np.asarray(edges, dtype="float64")
+    found = np.searchsorted(edges, values, side="left")
+    return np.where(np.isnan(values), len(edges) + 1, found)
+
+
+def categorical_bins(values: pd.Series, categories: list[str]) -> np.ndarray:
+    """Each value's bin: its category's position, len(categories) for another category,
+    len(categories) + 1 for a missing one."""
+    text = values.astype("object")
+    missing = text.isna().to_numpy()
+    positions = pd.Index(categories).get_indexer(text.where(~missing, "").astype(str))
+    found = np.where(positions < 0, len(categories), positions)
+    return np.where(missing, len(categories) + 1, found)
+
+
+def _shares(bins: np.ndarray, size: int) -> list[float]:
+    counts = np.bincount(bins.astype("int64"), minlength=size)
+    return np.round(counts / max(len(bins), 1), 6).tolist()
+
+
+def profile(values: np.ndarray | None, numeric: list[str], frame: pd.DataFrame | None,
+            categorical: list[str], naive: list[float]) -> dict[str, Any]:
+    """A segment's profile: ``values`` (rows x ``numeric`` features, NaN for missing),
+    the ``categorical`` columns of ``frame``, and its ``naive`` prediction."""
+    features: dict[str, Any] = {}
+    for position, name in enumerate(numeric):
+        features[name] = numeric_profile(values[:, position])
+    for name in categorical:
+        features[name] = categorical_profile(frame[name])
+    rows = len(values) if values is not None else len(frame) if frame is not None else 0
+    return {"rows": int(rows), "naive": [float(v) for v in naive], "features": features}
+
+
+@dataclass(frozen=True)
+class Drift:
+    """A feature's drift: its PSI against the training shares and the chi-square
+    test's p-value that both samples come from one distribution."""
+
+    feature: str
+    psi: float
+    p_value: float
+
+
+def feature_drift(name: str, stored: dict[str, Any], trained_rows: int,
+                  values: pd.Series) -> Drift:
+    """The drift of a feature's new ``values`` against its stored profile."""
+    from scipy.stats import chi2_contingency
+
+    if "edges" in stored:
+        bins = numeric_bins(pd.to_numeric(values, errors="coerce").to_numpy(
+            dtype="float64", na_value=np.nan), stored["edges"])
+    else:
+        bins = categorical_bins(values, stored["categories"])
+    expected = np.asarray(stored["shares"], dtype="float64") * trained_rows
+    actual = np.bincount(bins.astype("int64"), minlength=len(expected)).astype("float64")
+    used = (expected > 0) | (actual > 0)
+    expected, actual = expected[used], actual[used]
+    if len(expected) < 2 or not actual.sum():
+        return Drift(name, 0.0, 1.0)
+    return Drift(name, psi(expected, actual), float(chi2_contingency(
+        np.vstack([expected, actual]), correction=False)[1]))
+
+
+def psi(expected: np.ndarray, actual: np.ndarray) -> float:
+    """The population stability index of counts ``actual`` against ``expected`` (half a
+    row added to every bin on both sides, so an empty bin does not make it infinite)."""
+    e = (expected + 0.5) / (expected.sum() + 0.5 * len(expected))
+    a = (actual + 0.5) / (actual.sum() + 0.5 * len(actual))
+    return float(np.sum((a - e) * np.log(a / e)))
+
+
+def drifts(stored: dict[str, Any], frame: pd.DataFrame) -> list[Drift]:
+    """Every profiled feature's drift of the rows of ``frame`` (its columns that the
+    profile has), worst (largest PSI) first."""
+    found = [feature_drift(name, feature, stored["rows"], frame[name])
+             for name, feature in stored.get("features", {}).items() if name in frame]
+    return sorted(found, key=lambda d: -d.psi)

@@ -1,0 +1,138 @@
+"""Monitoring a registered model on realized outcomes: profiles and drift, the verdicts,
+and ``pipeline.monitor`` end to end on local Spark, Ray and MLflow on SQLite."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from raybricks import profiles
+from raybricks.monitoring import DEGRADED, DRIFTED, NEW, OK, SILENT, Judge, Thresholds
+from tests import helpers
+from tests.test_training import CANDIDATES, job
+
+RIDGE = CANDIDATES[:1]
+
+
+def test_the_same_distribution_does_not_drift_a_shifted_one_does():
+    rng = np.random.default_rng(0)
+    trained = rng.normal(size=200)
+    stored = profiles.numeric_profile(trained)
+    assert len(stored["edges"]) == profiles.MAX_BINS - 1
+    assert sum(stored["shares"]) == pytest.approx(1.0)
+    same = profiles.feature_drift("x", stored, 200, pd.Series(rng.normal(size=100)))
+    moved = profiles.feature_drift("x", stored, 200, pd.Series(rng.normal(1.5, size=100)))
+    assert same.p_value > 0.01  # PSI alone (0.28 here) would cry drift at 100 rows
+    assert moved.psi > 1.0 and moved.p_value < 1e-6
+
+
+def test_a_small_segment_noise_is_not_drift_but_its_psi_alone_would_say_so():
+    """Few rows make PSI large by chance: the chi-square test keeps it from counting."""
+    rng = np.random.default_rng(1)
+    stored = profiles.numeric_profile(rng.normal(size=30))  # 3 bins
+    found = [profiles.feature_drift("x", stored, 30, pd.Series(rng.normal(size=6)))
+             for _ in range(200)]
+    assert max(d.psi for d in found) > 0.25  # PSI alone would flag some
+    assert sum(d.p_value < 0.01 for d in found) <= 4  # the test flags about 1%
+
+
+def test_categories_and_missing_values_have_bins_of_their_own():
+    stored = profiles.categorical_profile(pd.Series(["a"] * 50 + ["b"] * 30 + [None] * 20))
+    assert stored["categories"] == ["a", "b"] and stored["shares"] == [0.5, 0.3, 0.0, 0.2]
+    moved = profiles.feature_drift("c", stored, 100, pd.Series(["z"] * 40))
+    assert moved.psi > 1 and moved.p_value < 1e-6  # an unseen category: the "other" bin
+    numeric = profiles.numeric_profile(np.array([1.0, 2.0, np.nan, np.nan]))
+    assert numeric["shares"][-1] == 0.5  # the missing values' bin
+
+
+def judged(frame, validation=1.0, profile=None, metric="rmse", **limits):
+    manifest = {"metric": metric, "task": "regression", "forecast": None}
+    frame = frame.assign(_model_status="trained", _validation=validation,
+                         _validation_baseline=2.0, _profile=json.dumps(profile or {
+                             "rows": 100, "naive": [0.0], "features": {}}))
+    return Judge(manifest, Thresholds(**limits), "y", ["prediction"], "1").judge(frame)
+
+
+def test_realized_error_far_above_validation_is_degraded_and_close_to_it_is_not():
+    rng = np.random.default_rng(2)
+    y = rng.normal(5, 1, 60)
+    close = judged(pd.DataFrame({"y": y, "prediction": y + rng.normal(0, 1.05, 60)}))
+    assert close["status"] == OK, close["reason"]
+    far = judged(pd.DataFrame({"y": y, "prediction": y + rng.normal(0, 3, 60)}))
+    assert far["status"] == DEGRADED and "in validation" in far["reason"]
+    assert far["realized"] == pytest.approx(far["realized"]) and far["realized"] > 2
+
+
+def test_a_baseline_that_beats_the_model_on_the_new_rows_makes_it_degraded():
+    rng = np.random.default_rng(3)
+    y = rng.normal(0, 0.1, 80)  # the naive prediction (0) is nearly right
+    found = judged(pd.DataFrame({"y": y, "prediction": y + 0.5}), validation=0.6)
+    assert found["status"] == DEGRADED and "naive baseline does better" in found["reason"]
+    assert found["baseline_realized"] < found["realized"]
+
+
+def test_too_few_rows_are_not_judged():
+    found = judged(pd.DataFrame({"y": [1.0, 2.0, 3.0], "prediction": [9.0, 9.0, 9.0]}))
+    assert found["status"] == OK and "too few to judge" in found["reason"]
+    assert found["scored_rows"] == 3 and found["realized"] > 5
+
+
+def later_outcomes(seed: int) -> pd.DataFrame:
+    """Shops' world a season later: s2's target flipped (its model is now wrong), s3's
+    customers all in blue now, y as before (a drift inside what the model knows), a new
+    store s9, store s4 closed."""
+    data = helpers.shops(seed)
+    s2, s3 = data.store == "s2", data.store == "s3"
+    data.loc[s2, "y"] = -data.loc[s2, "y"]
+    data.loc[s3, "y"] -= 2 * (data.loc[s3, "color"] == "red")
+    data.loc[s3, "color"] = "blue"
+    new = data[data.store == "s0"].assign(store="s9")
+    return pd.concat([data[data.store != "s4"], new], ignore_index=True)
+
+
+@pytest.mark.topology
+def test_monitoring_flags_what_changed_and_logs_a_run(ray_on_spark, spark, tmp_path):
+    """Train on one season, monitor on the next: the flipped store is degraded, the
+    moved one drifted, the new one new, the closed one silent, the others ok; the
+    MLflow run has the counts and the plot; given predictions give the same numbers."""
+    import mlflow
+
+    from raybricks import pipeline
+    from raybricks.scoring import score
+
+    name = "tests.monitor.shops"
+    helpers.shops().to_parquet(tmp_path / "shops.parquet")
+    config = job(tmp_path / "runs", source={"path": str(tmp_path / "shops.parquet")},
+                 models=RIDGE, registry={"name": name})
+    pipeline.train(config, spark)
+    later_outcomes(seed=5).to_parquet(tmp_path / "outcomes.parquet")
+    report = pipeline.monitor(f"models:/{name}@champion", str(tmp_path / "outcomes.parquet"),
+                              str(tmp_path / "monitoring"), spark=spark)
+    table = pd.read_parquet(tmp_path / "monitoring").set_index("store")
+    status = table.status.to_dict()
+    assert status["s2"] == DEGRADED, table.loc["s2", "reason"]
+    assert status["s3"] == DRIFTED, table.loc["s3", "reason"]
+    assert status["s9"] == NEW and status["s4"] == SILENT
+    others = [s for s in ["s0", "s1", "s5", "s6", "s7"] if status[s] != OK]
+    assert len(others) <= 1, table.loc[others, "reason"].to_dict()
+    assert table.loc["s2", "realized"] > 5 * table.loc["s2", "validation"]
+    assert table.loc["s2", "baseline_realized"] < table.loc["s2", "realized"]
+    assert table.loc["s3", "drift_feature"] == "color" and table.loc["s3", "drift_psi"] > 1
+    assert report.counts[DEGRADED] >= 1 and sum(report.counts.values()) == len(table)
+    run = mlflow.get_run(report.run_id)
+    assert run.data.metrics["segments_degraded"] == report.counts[DEGRADED]
+    assert run.data.metrics["segments_silent"] == 1
+    artifacts = {a.path for a in mlflow.MlflowClient().list_artifacts(report.run_id,
+                                                                      "monitoring")}
+    assert "monitoring/segments.png" in artifacts
+    # predictions already in the outcomes: the same realized numbers, no scoring
+    score(f"models:/{name}@champion", str(tmp_path / "outcomes.parquet"),
+          str(tmp_path / "scored"))
+    again = pipeline.monitor(f"models:/{name}@champion", str(tmp_path / "scored"),
+                             str(tmp_path / "monitoring-again"), spark=spark, log_run=False)
+    same = pd.read_parquet(tmp_path / "monitoring-again").set_index("store")
+    assert again.run_id is None
+    pd.testing.assert_series_equal(same.realized.sort_index(), table.realized.sort_index())
