@@ -4,12 +4,14 @@ and ``pipeline.monitor`` end to end on local Spark, Ray and MLflow on SQLite."""
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pandas as pd
 import pytest
 
 from raybricks import profiles
+from raybricks.errors import ConfigError, DataError
 from raybricks.monitoring import DEGRADED, DRIFTED, NEW, OK, SILENT, Judge, Thresholds
 from tests import helpers
 from tests.test_training import CANDIDATES, job
@@ -94,23 +96,35 @@ def later_outcomes(seed: int) -> pd.DataFrame:
 
 
 @pytest.mark.topology
-def test_monitoring_flags_what_changed_and_logs_a_run(ray_on_spark, spark, tmp_path):
-    """Train on one season, monitor on the next: the flipped store is degraded, the
-    moved one drifted, the new one new, the closed one silent, the others ok; the
-    MLflow run has the counts and the plot; given predictions give the same numbers."""
+def test_monitoring_flags_what_changed_and_the_retrain_fixes_it(ray_on_spark, spark, tmp_path,
+                                                               monkeypatch, capsys):
+    """Train on one season, monitor on the next (``raybricks monitor``): the flipped store
+    is degraded, the moved one drifted, the new one new, the closed one silent, the
+    others ok; the MLflow run has the counts and the plot; given predictions give the
+    same numbers. Retraining from the monitoring run trains the degraded and the new
+    store only, and monitoring the merged version finds them fixed."""
     import mlflow
 
-    from raybricks import pipeline
+    from raybricks import cli, pipeline
     from raybricks.scoring import score
 
     name = "tests.monitor.shops"
     helpers.shops().to_parquet(tmp_path / "shops.parquet")
     config = job(tmp_path / "runs", source={"path": str(tmp_path / "shops.parquet")},
                  models=RIDGE, registry={"name": name})
-    pipeline.train(config, spark)
+    first = pipeline.train(config, spark).publication
     later_outcomes(seed=5).to_parquet(tmp_path / "outcomes.parquet")
-    report = pipeline.monitor(f"models:/{name}@champion", str(tmp_path / "outcomes.parquet"),
-                              str(tmp_path / "monitoring"), spark=spark)
+    monkeypatch.chdir(tmp_path)  # the CLI's log folder
+    assert cli.main(["monitor", "--model", f"models:/{name}@champion", "--outcomes",
+                     str(tmp_path / "outcomes.parquet"), "--output",
+                     str(tmp_path / "monitoring")]) == 0
+    said = capsys.readouterr().out
+    run_id = re.search(r"MLflow run: (\w+)", said).group(1)
+    assert re.search(r"monitored 12 segments of .* ok, \d+ degraded, \d+ drifted, 1 new, "
+                     r"1 silent", said), said
+    report = pipeline.MonitorReport(**{**vars(pipeline.monitor(
+        f"models:/{name}@champion", str(tmp_path / "outcomes.parquet"),
+        str(tmp_path / "monitoring"), spark=spark, log_run=False)), "run_id": run_id})
     table = pd.read_parquet(tmp_path / "monitoring").set_index("store")
     status = table.status.to_dict()
     assert status["s2"] == DEGRADED, table.loc["s2", "reason"]
@@ -136,3 +150,57 @@ def test_monitoring_flags_what_changed_and_logs_a_run(ray_on_spark, spark, tmp_p
     same = pd.read_parquet(tmp_path / "monitoring-again").set_index("store")
     assert again.run_id is None
     pd.testing.assert_series_equal(same.realized.sort_index(), table.realized.sort_index())
+    # retrain what monitoring found degraded or new, from its run
+    retrain = job(tmp_path / "runs", source={"path": str(tmp_path / "outcomes.parquet"),
+                                             "segments": run_id,
+                                             "statuses": ["degraded", "new"]},
+                  models=RIDGE, registry={"name": name})
+    retrained = pipeline.train(retrain, spark)
+    assert set(retrained.result.segments.store) == {"s2", "s9"}
+    assert retrained.publication.decision["segments_from"] == {
+        f"version {first.version}": 10, f"version {retrained.publication.version}": 2}
+    description = mlflow.MlflowClient().get_model_version(
+        name, retrained.publication.champion_version).description
+    assert f"degraded or new in monitoring {run_id}" in description
+    fixed = pipeline.monitor(f"models:/{name}@champion", str(tmp_path / "outcomes.parquet"),
+                             str(tmp_path / "monitoring-fixed"), spark=spark, log_run=False)
+    after = pd.read_parquet(tmp_path / "monitoring-fixed").set_index("store")
+    assert after.loc["s2", "status"] == OK and after.loc["s9", "status"] == OK
+    assert after.loc["s2", "realized"] < table.loc["s2", "baseline_realized"]
+    assert after.loc["s3", "status"] == DRIFTED  # not asked for: the champion's, as it was
+    assert fixed.counts.get(DEGRADED, 0) == 0
+
+
+def test_retraining_from_monitoring_picks_the_latest_statuses_or_nothing(spark, tmp_path):
+    from raybricks.sources import NothingToTrain, monitored_segments
+
+    pd.DataFrame({"store": ["a", "b", "a", "c"], "period": ["2024-01", "2024-01", "2024-02",
+                                                            "2024-02"],
+                  "status": ["degraded", "degraded", "ok", "new"]}).to_parquet(
+        tmp_path / "monitoring.parquet")
+    found = monitored_segments(str(tmp_path / "monitoring.parquet"), ["degraded", "new"], spark)
+    assert sorted(r.store for r in found.collect()) == ["c"]  # a is ok now; b is history
+    with pytest.raises(NothingToTrain, match="no segment of monitoring .* is drifted in its "
+                                             "latest period 2024-02: nothing to retrain"):
+        monitored_segments(str(tmp_path / "monitoring.parquet"), ["drifted"], spark)
+    pd.DataFrame({"store": ["a"]}).to_parquet(tmp_path / "keys.parquet")
+    with pytest.raises(DataError, match="not a monitoring table"):
+        monitored_segments(str(tmp_path / "keys.parquet"), ["new"], spark)
+
+
+def test_the_cli_turns_segments_from_monitor_into_the_config():
+    from raybricks import cli
+    from raybricks.config import JobConfig, apply_overrides
+
+    args = cli.build_parser().parse_args(["train", "--config", "job.yml",
+                                          "--segments-from-monitor", "abc", "--statuses",
+                                          "degraded, drifted"])
+    found = cli.overrides(args)
+    assert found == ["source.segments=abc", 'source.statuses=["degraded", "drifted"]']
+    config = JobConfig.from_dict(apply_overrides(
+        {"source": {"table": "t"}, "segment_by": ["s"], "target": "y", "models": RIDGE}, found))
+    assert config.source.statuses == ["degraded", "drifted"]
+    assert config.registry.promote == "replace"
+    with pytest.raises(ConfigError, match="source.statuses picks segments of a monitoring"):
+        JobConfig.from_dict({"source": {"table": "t", "statuses": ["new"]},
+                             "segment_by": ["s"], "target": "y", "models": RIDGE})

@@ -1,4 +1,5 @@
-"""The ``raybricks`` command: ``train | validate | score | forecast | demo | submit``.
+"""The ``raybricks`` command: ``train | validate | score | forecast | monitor | demo |
+submit``.
 
 Each verb is a pair: a function that adds its arguments and one that runs it. A verb
 prints its stages, progress and summary; what Ray, Spark, MLflow and the model libraries
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import logging
 import os
 import sys
@@ -37,16 +39,33 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
                         help="train only the segments listed there (their segment "
                              "columns) and register a version that keeps the champion's "
                              "others: --set source.segments=...")
+    parser.add_argument("--segments-from-monitor", default=None, metavar="RUN_OR_TABLE",
+                        help="train only the segments a monitoring run (its MLflow run id) "
+                             "or table found in --statuses, as --segments does")
+    parser.add_argument("--statuses", default="degraded,new", metavar="S1,S2",
+                        help="with --segments-from-monitor: the statuses to retrain "
+                             "(default: degraded,new)")
 
 
 def overrides(args: argparse.Namespace) -> list[str]:
-    """The config overrides of ``--set``, and ``--segments`` as ``source.segments``."""
-    return [*args.set, *([f"source.segments={args.segments}"] if args.segments else [])]
+    """The config overrides of ``--set``, ``--segments`` as ``source.segments`` and
+    ``--segments-from-monitor`` as ``source.segments`` with ``source.statuses``."""
+    if args.segments and args.segments_from_monitor:
+        from raybricks.errors import ConfigError
+
+        raise ConfigError("give --segments or --segments-from-monitor, not both")
+    found = [*args.set, *([f"source.segments={args.segments}"] if args.segments else [])]
+    if args.segments_from_monitor:
+        statuses = json.dumps([s.strip() for s in args.statuses.split(",") if s.strip()])
+        found += [f"source.segments={args.segments_from_monitor}",
+                  f"source.statuses={statuses}"]
+    return found
 
 
 def run_train(args: argparse.Namespace) -> int:
     from raybricks.config import JobConfig
     from raybricks.pipeline import LOG_FILE, train, with_run_id
+    from raybricks.sources import NothingToTrain
 
     args.set = overrides(args)
     config = with_run_id(JobConfig.load(args.config, args.set))
@@ -57,8 +76,12 @@ def run_train(args: argparse.Namespace) -> int:
         ["raybricks train --config", args.config, *[f"--set {s}" for s in kept_sets],
          "--set training.resume=true", f"--set training.run_id={config.training.run_id}"])
     args.kept = f"the results of the segments that finished are kept in {run_dir}"
-    with logged(args, run_dir / LOG_FILE):
-        report = train(config)
+    try:
+        with logged(args, run_dir / LOG_FILE):
+            report = train(config)
+    except NothingToTrain as exc:  # a scheduled retrain when all is well: not a failure
+        say(str(exc))
+        return 0
     say(report.summary())
     say(f"results and models: {report.result.run_dir}")
     if report.publication is not None:
@@ -152,6 +175,50 @@ def run_forecast(args: argparse.Namespace) -> int:
     return 0
 
 
+def add_monitor_arguments(parser: argparse.ArgumentParser) -> None:
+    from raybricks.monitoring import PERIODS, Thresholds
+
+    defaults = Thresholds()
+    parser.add_argument("--model", required=True, help="models:/NAME@ALIAS")
+    parser.add_argument("--outcomes", required=True,
+                        help="table or path of realized outcomes: the segment columns, the "
+                             "actual target and the model's predictions (or the features: "
+                             "raybricks scores them)")
+    parser.add_argument("--output", required=True,
+                        help="table or path of the monitoring table (one row per segment "
+                             "and period)")
+    parser.add_argument("--period", choices=PERIODS, default=None,
+                        help="judge each segment per period of the time column (default: "
+                             "all rows at once)")
+    parser.add_argument("--time-column", default=None,
+                        help="the outcomes' time column (default: the model's)")
+    parser.add_argument("--target", default=None,
+                        help="the actual target's column (default: the model's target)")
+    parser.add_argument("--min-rows", type=int, default=defaults.min_rows,
+                        help="fewest scored rows a period needs to be judged")
+    parser.add_argument("--tolerance", type=float, default=defaults.tolerance,
+                        help="degraded when realized error is worse than validation by "
+                             "more than this share (and significantly)")
+    parser.add_argument("--alpha", type=float, default=defaults.alpha,
+                        help="significance level of the tests")
+    parser.add_argument("--psi", type=float, default=defaults.psi,
+                        help="a feature's PSI at least this (and significant): drifted")
+    parser.add_argument("--no-run", action="store_true", help="do not log an MLflow run")
+
+
+def run_monitor(args: argparse.Namespace) -> int:
+    from raybricks.monitoring import Thresholds
+    from raybricks.pipeline import monitor
+
+    thresholds = Thresholds(args.min_rows, args.tolerance, args.alpha, args.psi)
+    with logged(args):
+        report = monitor(args.model, args.outcomes, args.output, period=args.period,
+                         time_column=args.time_column, target=args.target,
+                         thresholds=thresholds, log_run=not args.no_run)
+    say(report.summary())
+    return 0
+
+
 def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override a key of the demo's job config")
@@ -185,6 +252,8 @@ VERBS = {
     "score": ("score a table with a registered model", add_score_arguments, run_score),
     "forecast": ("forecast every segment of a registered forecasting model",
                  add_forecast_arguments, run_forecast),
+    "monitor": ("per-segment realized error, drift and status of a registered model on "
+                "outcomes", add_monitor_arguments, run_monitor),
     "demo": ("the end-to-end demo on local defaults", add_demo_arguments, run_demo),
     "submit": ("one-time run on a Databricks workspace", add_submit_arguments, run_submit),
 }

@@ -116,11 +116,18 @@ class SourceConfig(StrictModel):
     #: a table or path of segment keys (its segment columns): only those segments of the
     #: source are trained, and the registered version keeps the champion's others
     segments: str | None = None
+    #: with ``segments`` naming a monitoring table (``raybricks monitor --output``) or
+    #: its MLflow run: only the segments whose latest status is one of these train
+    statuses: list[Literal["ok", "degraded", "drifted", "new", "silent"]] | None = None
 
     @after_validator
     def _one_location(self) -> SourceConfig:
         if bool(self.table) == bool(self.path):
             raise ValueError("source needs exactly one of source.table or source.path")
+        if self.statuses is not None and (self.segments is None or not self.statuses):
+            raise ValueError("source.statuses picks segments of a monitoring table or run: "
+                             "set source.segments to it (raybricks train "
+                             "--segments-from-monitor RUN_OR_TABLE), and at least one status")
         if is_template(self.path):
             check_template(str(self.path), self.format)
         return self

@@ -159,7 +159,7 @@ class Judge:
             found.update(drift_psi=drift[0].psi, drift_feature=drift[0].feature,
                          drift_p=drift[0].p_value)
         found["status"], found["reason"] = self.verdict(found, status_in_model, y,
-                                                        predicted, baseline, drift)
+                                                        predicted, baseline, drift, stored)
         return found
 
     def score(self, y: np.ndarray, predicted: np.ndarray) -> float | None:
@@ -210,7 +210,7 @@ class Judge:
 
     def verdict(self, found: dict[str, Any], status_in_model: str | None, y: np.ndarray,
                 predicted: np.ndarray, baseline: np.ndarray | None,
-                drift: list[profiles.Drift]) -> tuple[str, str]:
+                drift: list[profiles.Drift], stored: dict | None = None) -> tuple[str, str]:
         """The period's status and why."""
         if status_in_model is None:
             return NEW, "not in the model: training never saw this segment"
@@ -221,7 +221,8 @@ class Judge:
                         f"{limits.min_rows})")
         reasons, status = [], OK
         realized, validation = found["realized"], found["validation"]
-        if self.worse_than_validation(realized, validation, y, predicted):
+        if self.worse_than_validation(realized, validation, y, predicted,
+                                      (stored or {}).get("validation_rows")):
             status = DEGRADED
             reasons.append(f"realized {name} {realized:.4g} against {validation:.4g} in "
                            f"validation ({_change(metric, realized, validation)})")
@@ -245,9 +246,12 @@ class Judge:
         return status, "; ".join(reasons)
 
     def worse_than_validation(self, realized: float | None, validation: float | None,
-                              y: np.ndarray, predicted: np.ndarray) -> bool:
+                              y: np.ndarray, predicted: np.ndarray,
+                              validation_rows: int | None) -> bool:
         """Realized worse than validation by more than the tolerance and, for a metric
-        that is a mean of row losses, by a one-sided test of the rows' losses."""
+        that is a mean of row losses, by a one-sided two-sample test of the mean row
+        loss (the validation mean measured on ``validation_rows`` rows, with the spread
+        of the realized rows' losses: a validation on few rows is noisy too)."""
         metric, limits = self.metric, self.thresholds
         if realized is None or validation is None or metric.signed:
             return False
@@ -261,7 +265,8 @@ class Judge:
         losses = losses[np.isfinite(losses)]
         if len(losses) < 2:
             return False
-        error = float(losses.std(ddof=1)) / np.sqrt(len(losses))
+        spread = 1 / len(losses) + (1 / validation_rows if validation_rows else 0.0)
+        error = float(losses.std(ddof=1)) * np.sqrt(spread)
         return float(losses.mean()) - expected(validation) > _z(limits.alpha) * error
 
 

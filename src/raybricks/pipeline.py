@@ -116,7 +116,8 @@ def checked_source(config: JobConfig, source: DataFrame) -> tuple[DataFrame, int
     df = select_and_filter(source, config.segment_by, columns, config.source.where)
     plan = make_plan(config, arrow_schema(df.schema))  # column and type errors
     if config.source.segments is not None:
-        df = only_segments(df, config.source.segments, config.segment_by)
+        df = only_segments(df, config.source.segments, config.segment_by,
+                           statuses=config.source.statuses)
     rows = check_target(df, config.target, config.source.where, config.source.segments)
     if plan.forecast:
         check_frequency(df, config, plan.forecast)

@@ -79,16 +79,19 @@ def _shares(bins: np.ndarray, size: int) -> list[float]:
 
 
 def profile(values: np.ndarray | None, numeric: list[str], frame: pd.DataFrame | None,
-            categorical: list[str], naive: list[float]) -> dict[str, Any]:
+            categorical: list[str], naive: list[float], validation_rows: int
+            ) -> dict[str, Any]:
     """A segment's profile: ``values`` (rows x ``numeric`` features, NaN for missing),
-    the ``categorical`` columns of ``frame``, and its ``naive`` prediction."""
+    the ``categorical`` columns of ``frame``, its ``naive`` prediction and how many
+    rows its validation metric was measured on (what its noise depends on)."""
     features: dict[str, Any] = {}
     for position, name in enumerate(numeric):
         features[name] = numeric_profile(values[:, position])
     for name in categorical:
         features[name] = categorical_profile(frame[name])
     rows = len(values) if values is not None else len(frame) if frame is not None else 0
-    return {"rows": int(rows), "naive": [float(v) for v in naive], "features": features}
+    return {"rows": int(rows), "validation_rows": int(validation_rows),
+            "naive": [float(v) for v in naive], "features": features}
 
 
 @dataclass(frozen=True)

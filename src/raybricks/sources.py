@@ -9,10 +9,11 @@ files whose paths hold the segment keys, ``.../zip={zip}/*.csv``: ``raybricks.fi
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING
 
 from raybricks.config import SourceConfig
-from raybricks.errors import DataError, SourceNotFound
+from raybricks.errors import DataError, RaybricksError, SourceNotFound
 from raybricks.files import SegmentFiles, is_template
 
 if TYPE_CHECKING:
@@ -109,13 +110,21 @@ def _first_line(exc: BaseException) -> str:
     return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
 
 
+class NothingToTrain(RaybricksError):
+    """A monitoring run or table has no segment in the statuses asked to retrain."""
+
+
 def only_segments(df: DataFrame, segments: str, segment_by: list[str],
-                  spark: SparkSession | None = None) -> DataFrame:
+                  spark: SparkSession | None = None, statuses: list[str] | None = None
+                  ) -> DataFrame:
     """The rows of ``df`` whose segment is listed in ``segments`` (``source.segments``: a
-    table or path with the segment columns; a null key matches a null key)."""
+    table or path with the segment columns; a null key matches a null key; with
+    ``statuses``: a monitoring table or run, whose segments in those statuses)."""
     from functools import reduce
 
-    listed = read_source(source_of(segments), spark or df.sparkSession)
+    spark = spark or df.sparkSession
+    listed = (monitored_segments(segments, statuses, spark) if statuses
+              else read_source(source_of(segments), spark))
     missing = [c for c in segment_by if c not in listed.columns]
     if missing:
         raise DataError(
@@ -125,3 +134,52 @@ def only_segments(df: DataFrame, segments: str, segment_by: list[str],
     same = reduce(lambda a, b: a & b, [df[c].eqNullSafe(keys[f"__listed_{c}"])
                                        for c in segment_by])
     return df.join(keys, on=same, how="left_semi")
+
+
+#: An MLflow run id (what ``raybricks monitor`` prints), as opposed to a table or path.
+RUN_ID = re.compile(r"[0-9a-f]{32}")
+
+
+def monitoring_table(segments: str) -> str:
+    """The monitoring table behind ``segments``: the output of the MLflow monitoring run
+    it names, or itself (a table or path)."""
+    if not RUN_ID.fullmatch(segments):
+        return segments
+    import mlflow
+
+    from raybricks.tracking.target import configure_tracking
+
+    configure_tracking()
+    try:
+        output = mlflow.get_run(segments).data.params.get("output")
+    except mlflow.exceptions.MlflowException as exc:
+        raise DataError(f"source.segments {segments!r}: no MLflow run with that id "
+                        f"({mlflow.get_tracking_uri()}): give a monitoring run's id or its "
+                        "output table") from exc
+    if not output:
+        raise DataError(f"MLflow run {segments} is not a raybricks monitor run (no output "
+                        "parameter): give a monitoring run's id or its output table")
+    return output
+
+
+def monitored_segments(segments: str, statuses: list[str], spark: SparkSession
+                       ) -> DataFrame:
+    """The segments of a monitoring table (or run) whose status in its latest period is
+    one of ``statuses``; raises NothingToTrain when there are none."""
+    from pyspark.sql import functions as F
+
+    table = monitoring_table(segments)
+    found = read_source(source_of(table), spark)
+    if not {"status", "period"} <= set(found.columns):
+        raise DataError(f"{table!r} is not a monitoring table (no status and period "
+                        "columns): give the output of raybricks monitor, or list the "
+                        "segments without source.statuses")
+    latest = found.agg(F.max("period")).first()[0]
+    current = found if latest is None else found.where(F.col("period") == latest)
+    chosen = current.where(F.col("status").isin(list(statuses)))
+    if not chosen.limit(1).count():
+        raise NothingToTrain(f"no segment of monitoring {segments} is "
+                             f"{' or '.join(statuses)}"
+                             + (f" in its latest period {latest}" if latest else "")
+                             + ": nothing to retrain")
+    return chosen

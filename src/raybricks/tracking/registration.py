@@ -225,8 +225,11 @@ def merge_description(config: JobConfig, index: pd.DataFrame, labels: tuple[str,
                       for row in keys.head(NAMED_SEGMENTS).to_dict("records"))
     more = f" and {len(new) - NAMED_SEGMENTS} more" if len(new) > NAMED_SEGMENTS else ""
     rule = config.registry.promote
-    why = (f"the segments listed in {config.source.segments} were retrained"
-           if config.source.segments else "a new run of the job")
+    source = config.source
+    why = ("a new run of the job" if not source.segments
+           else f"the segments listed in {source.segments} were retrained"
+           if not source.statuses else f"the segments {' or '.join(source.statuses)} in "
+           f"monitoring {source.segments} were retrained")
     how = ("each segment the run trained replaces the champion's" if rule == "replace"
            else "per segment, the better validation metric of the two")
     return (f"Merged ({rule}): {len(new)} of {len(index)} segments from {labels[0]} (this "

@@ -333,7 +333,8 @@ class SeriesUnit(Unit):
         numeric = [c for c in spec.exogenous
                    if pd.api.types.is_numeric_dtype(bt.series.frame[c].dtype)]
         values = bt.series.frame[numeric].to_numpy(dtype="float64", na_value=np.nan)
-        return profiles.profile(values, numeric, None, [], y[-season:].tolist()) | {
+        return profiles.profile(values, numeric, None, [], y[-season:].tolist(),
+                                len(bt.actual)) | {
             "scale": scale(y, spec.season_length), "last": last_period(bt.series)}
 
     def served(self, error: Exception, row: SegmentResult) -> list[dict[str, Any]]:

@@ -479,7 +479,8 @@ class TableSegment(Unit):
         categorical = list(prep.meta["categorical"])
         numeric = [c for c in self.plan.features if c not in prep.meta["categorical"]]
         return profiles.profile(prep.values, numeric, prep.X if categorical else None,
-                                categorical, naive_prediction(prep, self.plan))
+                                categorical, naive_prediction(prep, self.plan),
+                                len(validation_rows(prep)))
 
     def served(self, error: Exception, row: SegmentResult) -> list[dict[str, Any]]:
         if self.data is not None and (isinstance(error, ConstantTarget) or (
