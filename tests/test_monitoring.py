@@ -204,3 +204,49 @@ def test_the_cli_turns_segments_from_monitor_into_the_config():
     with pytest.raises(ConfigError, match="source.statuses picks segments of a monitoring"):
         JobConfig.from_dict({"source": {"table": "t", "statuses": ["new"]},
                              "segment_by": ["s"], "target": "y", "models": RIDGE})
+
+
+@pytest.mark.topology
+def test_forecasts_are_monitored_per_series_and_horizon_step(ray_on_spark, spark, tmp_path):
+    """A forecasting model trained on 100 days, monitored on the next week's actuals
+    (raybricks scores them): the series whose level jumped is degraded with its error in
+    every step, the others are not; each row carries one realized MASE per step."""
+    from raybricks import pipeline
+    from tests.test_forecast import FAST, HORIZON, START, forecast_job, stores
+
+    name = "tests.monitor.forecast"
+    data = stores()
+    cut = START + pd.Timedelta(days=100)
+    micro = {"coerce_timestamps": "us", "allow_truncated_timestamps": True}
+    data[data.day < cut].to_parquet(tmp_path / "history.parquet", **micro)
+    config = forecast_job(tmp_path / "runs", source={"path": str(tmp_path / "history.parquet")},
+                          models=FAST, registry={"name": name})
+    pipeline.train(config, spark)
+    week = data[(data.day >= cut) & (data.day < cut + pd.Timedelta(days=HORIZON))].copy()
+    week.loc[week.store == "season0", "sales"] += 40  # a level shift after training
+    week.to_parquet(tmp_path / "actuals.parquet", **micro)
+    report = pipeline.monitor(f"models:/{name}@champion", str(tmp_path / "actuals.parquet"),
+                              str(tmp_path / "monitoring"), spark=spark, log_run=False)
+    table = pd.read_parquet(tmp_path / "monitoring").set_index("store")
+    assert table.loc["season0", "status"] == DEGRADED, table.loc["season0", "reason"]
+    assert table.metric.unique().tolist() == ["mase"]
+    steps = np.array(table.loc["season0", "step_errors"], dtype=float)
+    assert len(steps) == HORIZON and (steps > 5).all()  # every step far off
+    others = table.drop(index=["season0", "early"])
+    assert (others.status == OK).sum() >= len(others) - 1, others.reason.to_dict()
+    assert (others.scored_rows == HORIZON).all()
+    # the early series ended three weeks before: its rows are steps 22..28 of its future
+    assert table.loc["early", "status"] == SILENT  # its history ended before the cut
+    assert report.counts[DEGRADED] >= 1
+    # two weeks of actuals, judged per week: the latest week decides the counts
+    fortnight = data[(data.day >= cut) & (data.day < cut + pd.Timedelta(days=14))]
+    fortnight.to_parquet(tmp_path / "fortnight.parquet", **micro)
+    weekly = pipeline.monitor(f"models:/{name}@champion", str(tmp_path / "fortnight.parquet"),
+                              str(tmp_path / "weekly"), spark=spark, period="week",
+                              log_run=False)
+    rows = pd.read_parquet(tmp_path / "weekly")
+    weeks = sorted(rows.period.dropna().unique())
+    assert weekly.latest_period == weeks[-1] and len(weeks) >= 2
+    assert pd.Timestamp(weeks[-1]).dayofweek == 0  # weeks start on Monday (date_trunc)
+    assert sum(weekly.counts.values()) == rows.store.nunique()
+    assert rows.groupby("store").scored_rows.sum().drop("early").eq(14).all()

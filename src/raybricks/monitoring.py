@@ -54,7 +54,8 @@ ROW_LOSS_MEAN = {
 
 @dataclass(frozen=True)
 class Thresholds:
-    """When a segment's period is judged: at least ``min_rows`` scored rows; degraded
+    """When a segment's period is judged: at least ``min_rows`` scored rows (a forecast's
+    horizon, if fewer); degraded
     when realized error is worse than validation by more than ``tolerance`` (a share)
     at significance ``alpha``, or the baseline is better at ``alpha``; drifted when a
     feature's PSI reaches ``psi`` at ``alpha`` (split over the features)."""
@@ -216,9 +217,11 @@ class Judge:
             return NEW, "not in the model: training never saw this segment"
         limits, metric = self.thresholds, self.metric
         name, scored = metric.name, found["scored_rows"]
-        if scored < limits.min_rows:
-            return OK, (f"{scored} scored row(s): too few to judge (min_rows "
-                        f"{limits.min_rows})")
+        fewest = limits.min_rows
+        if self.manifest.get("forecast"):  # a series' period has at most its horizon
+            fewest = min(fewest, max(2, self.manifest["forecast"]["horizon"]))
+        if scored < fewest:
+            return OK, f"{scored} scored row(s): too few to judge (min_rows {fewest})"
         reasons, status = [], OK
         realized, validation = found["realized"], found["validation"]
         if self.worse_than_validation(realized, validation, y, predicted,
