@@ -25,7 +25,9 @@ import pytest
 import yaml
 
 from raybricks.cli import build_parser
+from raybricks.cli import overrides as cli_overrides
 from raybricks.config import JobConfig
+from raybricks.monitoring import PERIODS
 from raybricks.submit import ENTRY_POINT, PACKAGE_NAME, RAY_SPARK_CONF, RAY_SPARK_ENV
 
 REPO = Path(__file__).parents[1]
@@ -279,7 +281,7 @@ def test_wheel_tasks_call_entry_points_of_the_built_wheel(bundle, built_wheel):
     name, scripts = wheel_entry_points(built_wheel)
     assert ENTRY_POINT in scripts and name == PACKAGE_NAME  # what `raybricks submit` runs
     wheel_tasks = [t["python_wheel_task"] for _, t in tasks_of(bundle) if "python_wheel_task" in t]
-    assert len(wheel_tasks) == 4
+    assert len(wheel_tasks) == 6  # training, scoring, forecasting (2), monitoring (2)
     for task in wheel_tasks:
         assert task["package_name"] == name
         assert task["entry_point"] in scripts
@@ -313,7 +315,7 @@ def test_wheel_libraries_point_at_the_built_wheel(bundle_files, built_wheel):
                 assert pattern.parent == dist, library
                 assert fnmatch.fnmatch(built_wheel.name, pattern.name), library
                 count += 1
-    assert count == 4
+    assert count == 6
 
 
 # --------------------------------------------------------------------------- what the jobs run
@@ -330,7 +332,7 @@ def resolve(text: str, bundle: dict) -> str:
 def test_job_parameters_parse_with_the_cli_and_the_training_config_validates(bundle):
     commands = {}
     for job, task in tasks_of(bundle):
-        if "python_wheel_task" in task and job != "forecasting":
+        if "python_wheel_task" in task and job not in ("forecasting", "monitoring"):
             params = [resolve(p, bundle) for p in task["python_wheel_task"]["parameters"]]
             args = build_parser().parse_args(params)
             commands[args.verb] = args
@@ -365,7 +367,31 @@ def test_forecasting_job_trains_a_forecast_config_then_forecasts_with_its_champi
         assert [lib["pypi"]["package"] for lib in task["libraries"] if "pypi" in lib] == extra
 
 
-@pytest.mark.parametrize("job", ["training", "forecasting"])
+def test_monitoring_job_monitors_the_champion_then_retrains_what_it_found(bundle):
+    """monitor -> retrain: the retrain reads the monitor's output table, trains the
+    degraded and new segments of the training job's config, registers into the same
+    model (promote replace: the merge becomes the champion), on a schedule."""
+    job = bundle["resources"]["jobs"]["monitoring"]
+    tasks = {t["task_key"]: t for t in job["tasks"]}
+    monitor, retrain = (build_parser().parse_args(
+        [resolve(p, bundle) for p in tasks[key]["python_wheel_task"]["parameters"]])
+        for key in ("monitor", "retrain"))
+    assert tasks["retrain"]["depends_on"] == [{"task_key": "monitor"}]
+    assert monitor.verb == "monitor" and retrain.verb == "train"
+    assert retrain.segments_from_monitor == monitor.output
+    assert retrain.statuses == "degraded,new" and monitor.period in PERIODS
+    config = JobConfig.load(retrain.config, cli_overrides(retrain))
+    assert config.source.segments == monitor.output
+    assert config.source.statuses == ["degraded", "new"]
+    assert config.registry.promote == "replace"
+    assert monitor.model == f"models:/{config.registry.name}@champion"
+    training = {t["task_key"]: t for t in bundle["resources"]["jobs"]["training"]["tasks"]}
+    assert retrain.config == resolve(
+        training["train"]["python_wheel_task"]["parameters"][2], bundle)
+    assert job["schedule"]["quartz_cron_expression"]
+
+
+@pytest.mark.parametrize("job", ["training", "forecasting", "monitoring"])
 def test_training_cluster_runs_ray_on_spark_like_submit(bundle, job):
     training = bundle["resources"]["jobs"][job]
     (cluster,) = [c["new_cluster"] for c in training["job_clusters"]]
