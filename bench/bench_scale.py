@@ -131,13 +131,14 @@ def run_verb(command: list[str], env: dict[str, str]) -> Verb:
     return verb
 
 
-def write_table(path: Path, segments: int, rows: int) -> None:
+def write_table(path: Path, segments: int, rows: int, seed: int = 0) -> None:
     """Segments of ``rows`` rows: y linear in x1..x3 with a per-segment offset, plus noise
-    (written in slices, so the table's size is not held at once)."""
+    (written in slices, so the table's size is not held at once; ``seed``: another draw
+    of the same world)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    rng = np.random.default_rng(0)
+    rng = np.random.default_rng(seed)
     step = max(1, 2_000_000 // rows)
     with pq.ParquetWriter(path, pa.schema([
             ("seg", pa.int64()), ("x1", pa.float64()), ("x2", pa.float64()),

@@ -5,7 +5,8 @@ from raybricks.config import ClusterConfig, JobConfig
 from raybricks.data import SegmentedDataset, to_ray_dataset
 from raybricks.errors import ClusterError, ConfigError, DataError, RaybricksError, SetupError
 from raybricks.flights_demo import run as demo
-from raybricks.pipeline import TrainingReport, Validation, train, validate
+from raybricks.monitoring import Thresholds
+from raybricks.pipeline import MonitorReport, TrainingReport, Validation, monitor, train, validate
 from raybricks.scoring import ScoreSummary, forecast, score
 from raybricks.session import local_spark_session
 from raybricks.tracking import Publication, RegistryError, publish, register_run
@@ -27,6 +28,9 @@ __all__ = [
     "register_run",
     "score",
     "JobConfig",
+    "MonitorReport",
+    "Thresholds",
+    "monitor",
     "RayCluster",
     "RaybricksError",
     "SegmentedDataset",

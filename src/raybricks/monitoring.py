@@ -24,6 +24,7 @@ history; the realized metric is also given per step (``step_errors``).
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from dataclasses import dataclass
@@ -287,7 +288,9 @@ def _change(metric: metrics.Metric, realized: float, validation: float) -> str:
     return f"{abs(realized - validation) / abs(validation):.0%} worse"
 
 
+@functools.lru_cache(maxsize=8)
 def _z(alpha: float) -> float:
+    """The one-sided normal quantile of ``alpha`` (remembered: asked once per segment)."""
     from scipy.stats import norm
 
     return float(norm.isf(alpha))

@@ -299,8 +299,9 @@ def locate(index: pa.Table, located: pa.Table | None, segment_by: list[str]) -> 
                                     segment_by))
 
 
-def read_index(directory: Path) -> pa.Table:
-    return pq.read_table(Path(directory) / INDEX)
+def read_index(directory: Path, columns: list[str] | None = None) -> pa.Table:
+    """The model's index (only ``columns``, if given)."""
+    return pq.read_table(Path(directory) / INDEX, columns=columns)
 
 
 def read_members(directory: Path, columns: list[str] | None = None) -> pa.Table:
@@ -344,8 +345,9 @@ def compare(challenger: Path, champion: Path) -> Comparison:
     """Compare two segmented models on the segments both trained."""
     manifest = json.loads((Path(challenger) / MANIFEST).read_text())
     segment_by, metric = manifest["segment_by"], manifest["metric"]
-    both = null_safe_join(_trained_metrics(read_index(challenger), segment_by, "new"),
-                          _trained_metrics(read_index(champion), segment_by, "old"),
+    wanted = [*segment_by, "status", "metric"]
+    both = null_safe_join(_trained_metrics(read_index(challenger, wanted), segment_by, "new"),
+                          _trained_metrics(read_index(champion, wanted), segment_by, "old"),
                           segment_by)
     new, old = float_values(both, "new"), float_values(both, "old")
     common = ~np.isnan(new) & ~np.isnan(old)

@@ -461,29 +461,30 @@ def monitor(model_uri: str, outcomes: str | DataFrame, output: str, *,
                                   thresholds=thresholds, partitions=partitions)
     with stage("monitoring", says=f"monitoring: every segment into {output}"):
         write_output(measured.table, output)
-    written = read_source(source_of(output), spark)
-    current = written if measured.latest is None else written.where(
-        F.col("period") == measured.latest)
-    counts = {r["status"]: int(r["count"]) for r in current.groupBy("status").count().collect()}
-    keys = measured.segment_by
-    label = F.concat_ws("/", *[F.coalesce(F.col(k).cast("string"), F.lit("null"))
-                               for k in keys]).alias("segment")
-    shown = ["realized", "validation", "baseline_realized", "status"]
-    sample = current.select(label, *shown).where(F.col("status") != monitoring.SILENT)
-    total = sum(counts.values())
-    if total > MONITOR_SAMPLE:
-        sample = sample.sample(fraction=MONITOR_SAMPLE / total, seed=0)
-    worst = (current.where(F.col("status") == monitoring.DEGRADED)
-             .withColumn("ratio", F.col("realized") / F.col("validation"))
-             .orderBy(F.col("ratio").desc_nulls_last()).limit(MONITOR_WORST)
-             .select(label, "realized", "validation", "reason").toPandas())
-    steps = None
-    if measured.forecast:
-        steps = (current.select(F.posexplode("step_errors").alias("position", "error"))
-                 .where(F.col("error").isNotNull()).groupBy("position")
-                 .agg(F.avg("error").alias("mean"), F.count("error").alias("series"))
-                 .orderBy("position").toPandas())
-        steps.insert(0, "step", steps.pop("position") + 1)
+    with stage("summary", says="summary: counts by status, the worst segments"):
+        written = read_source(source_of(output), spark)
+        current = written if measured.latest is None else written.where(
+            F.col("period") == measured.latest)
+        counts = {r["status"]: int(r["count"]) for r in current.groupBy("status").count().collect()}
+        keys = measured.segment_by
+        label = F.concat_ws("/", *[F.coalesce(F.col(k).cast("string"), F.lit("null"))
+                                   for k in keys]).alias("segment")
+        shown = ["realized", "validation", "baseline_realized", "status"]
+        sample = current.select(label, *shown).where(F.col("status") != monitoring.SILENT)
+        total = sum(counts.values())
+        if total > MONITOR_SAMPLE:
+            sample = sample.sample(fraction=MONITOR_SAMPLE / total, seed=0)
+        worst = (current.where(F.col("status") == monitoring.DEGRADED)
+                 .withColumn("ratio", F.col("realized") / F.col("validation"))
+                 .orderBy(F.col("ratio").desc_nulls_last()).limit(MONITOR_WORST)
+                 .select(label, "realized", "validation", "reason").toPandas())
+        steps = None
+        if measured.forecast:
+            steps = (current.select(F.posexplode("step_errors").alias("position", "error"))
+                     .where(F.col("error").isNotNull()).groupBy("position")
+                     .agg(F.avg("error").alias("mean"), F.count("error").alias("series"))
+                     .orderBy("position").toPandas())
+            steps.insert(0, "step", steps.pop("position") + 1)
     run_id = None
     if log_run:
         params = {"model": model_uri, "model_version": measured.version,
@@ -491,9 +492,10 @@ def monitor(model_uri: str, outcomes: str | DataFrame, output: str, *,
                   "output": output, "period": period, "latest_period": measured.latest,
                   "metric": measured.metric,
                   **vars(thresholds or monitoring.Thresholds())}
-        run_id = log_monitoring(model_uri, MonitoringLog(
-            params, counts, measured.metric, sample.toPandas(), worst, steps,
-            {"segments": float(total)}))
+        with stage("tracking", says="tracking: the monitoring run in MLflow"):
+            run_id = log_monitoring(model_uri, MonitoringLog(
+                params, counts, measured.metric, sample.toPandas(), worst, steps,
+                {"segments": float(total)}))
     described = [f"{row.segment}: {row.reason}" for row in worst.head(5).itertuples()]
     report = MonitorReport(model_uri, measured.version, output, measured.latest, counts,
                            run_id, time.perf_counter() - start, described)

@@ -40,7 +40,8 @@ def numeric_profile(values: np.ndarray) -> dict[str, Any]:
     if not len(present):
         return {"edges": [], "shares": [0.0, 1.0]}
     cuts = np.linspace(0, 1, bins_for(len(present)) + 1)[1:-1]
-    edges = np.unique(np.quantile(present, cuts))
+    # six significant digits: a bin edge needs no more, and the index stays small
+    edges = np.unique([float(f"{e:.6g}") for e in np.quantile(present, cuts)])
     return {"edges": edges.tolist(), "shares": _shares(numeric_bins(values, edges),
                                                         len(edges) + 2)}
 
