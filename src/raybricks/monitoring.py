@@ -62,7 +62,7 @@ class Thresholds:
     feature's PSI reaches ``psi`` at ``alpha`` (split over the features)."""
 
     min_rows: int = 10
-    tolerance: float = 0.25
+    tolerance: float = 0.5
     alpha: float = 0.01
     psi: float = 0.25
 
