@@ -184,8 +184,7 @@ class Judge:
         steps = isinstance(last, int)
         future = future_times(spec["frequency"], last if steps else pd.Timestamp(last),
                               spec["answers"])
-        known = (np.asarray(future, dtype="int64") if steps
-                 else pd.DatetimeIndex(future).as_unit("ns").asi8)
+        known = np.asarray(future, dtype="int64" if steps else "datetime64[ns]").astype("int64")
         position = dict(zip(known.tolist(), range(1, len(known) + 1), strict=True))
         times = frame[spec["time_column"]]
         if steps:

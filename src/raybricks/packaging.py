@@ -425,8 +425,9 @@ def from_champion(new_index: pa.Table, old_index: pa.Table, segment_by: list[str
 
 def _merged_parts(sources: dict[Path, tuple[pa.Table, str]], segment_by: list[str]
                   ) -> Iterator[tuple[pa.Table, pa.Table]]:
-    """(index rows, members) of a merge, one shard of one model at a time: the rows the
-    merge takes from each model (labelled with its ``source``) with their members."""
+    """(index rows, members) of a merge, one row group of one model's shard at a time
+    (a few hundred segments' members: the driver never holds a whole shard): the rows
+    the merge takes from each model (labelled with its ``source``) with their members."""
     files = [file for directory in sources for file in sorted(directory.glob(SHARDS))]
     schema = pa.unify_schemas([pq.read_schema(file) for file in files]) if files else None
     columns = [*segment_by, *INDEX_COLUMNS]
@@ -436,12 +437,19 @@ def _merged_parts(sources: dict[Path, tuple[pa.Table, str]], segment_by: list[st
         if "profile" not in rows.column_names:  # a model from before profiles
             rows = rows.append_column("profile", pa.nulls(rows.num_rows, pa.string()))
         shards = rows.column("shard")
-        for shard in sorted(pc.unique(shards).to_pylist()):
+        without = rows.filter(pc.less(shards, 0))
+        if without.num_rows:
+            yield without.select(columns), pa.table({})
+        for shard in sorted(pc.unique(pc.filter(shards, pc.greater_equal(shards, 0)))
+                            .to_pylist()):
             taken = rows.filter(pc.equal(shards, shard))
-            members = pa.table({}) if shard < 0 or schema is None else _split_by_keys(
-                pq.read_table(directory / shard_name(shard)), segment_by,
-                taken.select(segment_by))[0].cast(schema)
-            yield taken.select(columns), members
+            file = pq.ParquetFile(directory / shard_name(shard))
+            groups = taken.column("row_group")
+            for group in sorted(pc.unique(groups).to_pylist()):
+                here = taken.filter(pc.equal(groups, group))
+                members = _split_by_keys(file.read_row_group(group), segment_by,
+                                         here.select(segment_by))[0].cast(schema)
+                yield here.select(columns), members
 
 
 def _split_by_keys(table: pa.Table, segment_by: list[str], keys: pa.Table
