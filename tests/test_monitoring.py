@@ -135,10 +135,14 @@ def test_monitoring_flags_what_changed_and_the_retrain_fixes_it(ray_on_spark, sp
     assert table.loc["s2", "realized"] > 5 * table.loc["s2", "validation"]
     assert table.loc["s2", "baseline_realized"] < table.loc["s2", "realized"]
     assert table.loc["s3", "drift_feature"] == "color" and table.loc["s3", "drift_psi"] > 1
+    every = json.loads(table.loc["s3", "feature_psi"])  # each feature's PSI
+    assert set(every) == {"x1", "x2", "color"} and every["color"] == max(every.values())
     assert report.counts[DEGRADED] >= 1 and sum(report.counts.values()) == len(table)
     run = mlflow.get_run(report.run_id)
     assert run.data.metrics["segments_degraded"] == report.counts[DEGRADED]
     assert run.data.metrics["segments_silent"] == 1
+    assert run.data.metrics["realized_over_validation_p90"] > 1  # s2 is far off
+    assert 0 < run.data.metrics["share_realized_above_validation"] < 1
     artifacts = {a.path for a in mlflow.MlflowClient().list_artifacts(report.run_id,
                                                                       "monitoring")}
     assert "monitoring/segments.png" in artifacts

@@ -83,7 +83,7 @@ def output_schema(key_fields: list) -> Any:
         ("period", text), ("rows", count), ("scored_rows", count), ("metric", text),
         ("realized", double), ("baseline_realized", double), ("validation", double),
         ("validation_baseline", double), ("drift_psi", double), ("drift_feature", text),
-        ("drift_p", double), ("step_errors", T.ArrayType(double)),
+        ("drift_p", double), ("feature_psi", text), ("step_errors", T.ArrayType(double)),
         ("model_status", text), ("status", text), ("reason", text),
         ("model_version", text))]])
 
@@ -141,7 +141,8 @@ class Judge:
             "validation_baseline": _number(first["_validation_baseline"]),
             "model_status": status_in_model, "model_version": self.version,
             "realized": None, "baseline_realized": None, "drift_psi": None,
-            "drift_feature": None, "drift_p": None, "step_errors": None}
+            "drift_feature": None, "drift_p": None, "feature_psi": None,
+            "step_errors": None}
         baseline = self.naive(stored, len(rows), steps)
         if self.metric.scaled:  # MASE: errors in units of the series' in-sample error
             scale = float(stored.get("scale", 1.0)) if stored else 1.0
@@ -159,7 +160,8 @@ class Judge:
         drift = profiles.drifts(stored, frame) if stored else []
         if drift:
             found.update(drift_psi=drift[0].psi, drift_feature=drift[0].feature,
-                         drift_p=drift[0].p_value)
+                         drift_p=drift[0].p_value, feature_psi=json.dumps(
+                             {d.feature: round(d.psi, 4) for d in drift}))
         found["status"], found["reason"] = self.verdict(found, status_in_model, y,
                                                         predicted, baseline, drift, stored)
         return found

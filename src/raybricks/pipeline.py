@@ -436,6 +436,30 @@ class MonitorReport:
         return "\n".join(lines)
 
 
+def realized_against_validation(current: DataFrame) -> dict[str, float]:
+    """The distribution of realized against validation error over the segments with
+    both (one Spark job): medians of each, quartiles of their ratio, and the share of
+    segments doing worse than in validation (by the metric's direction: the ratio's)."""
+    from pyspark.sql import functions as F
+
+    both = current.where(F.col("realized").isNotNull() & F.col("validation").isNotNull()
+                         & (F.col("validation") != 0))
+    ratio = F.col("realized") / F.col("validation")
+    found = both.agg(
+        F.count(F.lit(1)).alias("n"),
+        F.percentile_approx("realized", 0.5).alias("realized_median"),
+        F.percentile_approx("validation", 0.5).alias("validation_median"),
+        F.percentile_approx(ratio, [0.25, 0.5, 0.75, 0.9]).alias("ratio"),
+        F.avg((ratio > 1).cast("double")).alias("share_above_validation")).first()
+    if not found or not found["n"]:
+        return {}
+    quartiles = dict(zip(("p25", "p50", "p75", "p90"), found["ratio"], strict=True))
+    return {"realized_median": found["realized_median"],
+            "validation_median": found["validation_median"],
+            "share_realized_above_validation": found["share_above_validation"],
+            **{f"realized_over_validation_{k}": v for k, v in quartiles.items()}}
+
+
 #: How many segments the monitoring run's plot samples, and how many worst it lists.
 MONITOR_SAMPLE, MONITOR_WORST = 20_000, 50
 
@@ -472,6 +496,7 @@ def monitor(model_uri: str, outcomes: str | DataFrame, output: str, *,
         shown = ["realized", "validation", "baseline_realized", "status"]
         sample = current.select(label, *shown).where(F.col("status") != monitoring.SILENT)
         total = sum(counts.values())
+        distribution = realized_against_validation(current)
         if total > MONITOR_SAMPLE:
             sample = sample.sample(fraction=MONITOR_SAMPLE / total, seed=0)
         worst = (current.where(F.col("status") == monitoring.DEGRADED)
@@ -495,7 +520,7 @@ def monitor(model_uri: str, outcomes: str | DataFrame, output: str, *,
         with stage("tracking", says="tracking: the monitoring run in MLflow"):
             run_id = log_monitoring(model_uri, MonitoringLog(
                 params, counts, measured.metric, sample.toPandas(), worst, steps,
-                {"segments": float(total)}))
+                {"segments": float(total), **distribution}))
     described = [f"{row.segment}: {row.reason}" for row in worst.head(5).itertuples()]
     report = MonitorReport(model_uri, measured.version, output, measured.latest, counts,
                            run_id, time.perf_counter() - start, described)
