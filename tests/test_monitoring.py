@@ -254,3 +254,14 @@ def test_forecasts_are_monitored_per_series_and_horizon_step(ray_on_spark, spark
     assert pd.Timestamp(weeks[-1]).dayofweek == 0  # weeks start on Monday (date_trunc)
     assert sum(weekly.counts.values()) == rows.store.nunique()
     assert rows.groupby("store").scored_rows.sum().drop("early").eq(14).all()
+
+
+def test_the_drift_test_is_scipys_chi_square_test_of_the_two_samples():
+    from scipy.stats import chi2_contingency
+
+    rng = np.random.default_rng(4)
+    for _ in range(20):
+        expected, actual = rng.integers(1, 40, 6) * 1.0, rng.integers(0, 30, 6) * 1.0
+        actual[actual == 0] += 1
+        wanted = chi2_contingency(np.vstack([expected, actual]), correction=False)[1]
+        assert profiles.same_distribution(expected, actual) == pytest.approx(wanted, rel=1e-9)

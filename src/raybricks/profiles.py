@@ -108,8 +108,6 @@ class Drift:
 def feature_drift(name: str, stored: dict[str, Any], trained_rows: int,
                   values: pd.Series) -> Drift:
     """The drift of a feature's new ``values`` against its stored profile."""
-    from scipy.stats import chi2_contingency
-
     if "edges" in stored:
         bins = numeric_bins(pd.to_numeric(values, errors="coerce").to_numpy(
             dtype="float64", na_value=np.nan), stored["edges"])
@@ -121,8 +119,19 @@ def feature_drift(name: str, stored: dict[str, Any], trained_rows: int,
     expected, actual = expected[used], actual[used]
     if len(expected) < 2 or not actual.sum():
         return Drift(name, 0.0, 1.0)
-    return Drift(name, psi(expected, actual), float(chi2_contingency(
-        np.vstack([expected, actual]), correction=False)[1]))
+    return Drift(name, psi(expected, actual), same_distribution(expected, actual))
+
+
+def same_distribution(expected: np.ndarray, actual: np.ndarray) -> float:
+    """The p-value of Pearson's chi-square test that two samples' bin counts come from
+    one distribution (scipy's ``chi2_contingency`` without continuity correction, minus
+    its per-call overhead, which dominated monitoring's time per segment)."""
+    from scipy.special import chdtrc
+
+    table = np.vstack([expected, actual])
+    fitted = table.sum(axis=1, keepdims=True) * table.sum(axis=0) / table.sum()
+    statistic = float(np.sum((table - fitted) ** 2 / fitted))
+    return float(chdtrc(table.shape[1] - 1, statistic))
 
 
 def psi(expected: np.ndarray, actual: np.ndarray) -> float:
