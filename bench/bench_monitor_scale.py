@@ -7,7 +7,8 @@ sampled per stage (``bench_scale.run_verb``).
 The model is ``bench_scale``'s million-segment job (one LinearRegression per segment, 16
 rows each; trained here through ``raybricks train``); the outcomes are 16 new rows per
 segment, a share of the segments (``--changed``) with their target shifted, so the
-statuses have something to find.
+statuses have something to find; then ``raybricks train --segments-from-monitor`` of the
+degraded segments on the new rows, merged into the champion (the loop's other half).
 
 Usage: ``python bench/bench_monitor_scale.py [--segments 1000000]``; results in
 ``bench/results/monitor-scale.json``.
@@ -72,6 +73,12 @@ def main() -> None:
     monitor = report(run_verb([cli, "monitor", "--model", f"models:/{NAME}@champion",
                                "--outcomes", str(outcomes), "--output",
                                str(workdir / "monitoring")], env), args.segments, "segments")
+    # the loop's second half: retrain the degraded segments on the new rows, merged into
+    # the champion (the merge streams the champion's shards)
+    retrain = report(run_verb([cli, "train", "--config", str(config_path), "--set",
+                               f"source.path={outcomes}", "--segments-from-monitor",
+                               str(workdir / "monitoring"), "--statuses", "degraded"], env),
+                     args.segments, "segments")
     import pyarrow.parquet as pq
 
     found = pq.read_table(workdir / "monitoring", columns=["seg", "status"]).to_pandas()
@@ -82,11 +89,12 @@ def main() -> None:
            "statuses": found.status.value_counts().to_dict(),
            "changed_found_degraded": int((truth & degraded).sum()),
            "unchanged_found_degraded": int((~truth & degraded).sum()),
-           "train": train, "monitor": monitor,
+           "train": train, "monitor": monitor, "retrain_degraded": retrain,
            "machine": {"cores": os.cpu_count(), "python": platform.python_version()}}
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "monitor-scale.json").write_text(json.dumps(out, indent=2, default=str))
-    print(json.dumps({k: v for k, v in out.items() if k not in ("train", "monitor")},
+    print(json.dumps({k: v for k, v in out.items()
+                      if k not in ("train", "monitor", "retrain_degraded")},
                      indent=2, default=str))
 
 

@@ -42,6 +42,8 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 OK, DEGRADED, DRIFTED, NEW, SILENT = "ok", "degraded", "drifted", "new", "silent"
+#: One segment's (or period's) rows as a task reads them: column name -> values.
+Columns = dict[str, np.ndarray]
 STATUSES = (OK, DEGRADED, DRIFTED, NEW, SILENT)
 #: Periods ``--period`` cuts outcomes into (Spark's ``date_trunc`` units).
 PERIODS = ("day", "week", "month", "quarter", "year")
@@ -106,39 +108,39 @@ class Judge:
     def metric(self) -> metrics.Metric:
         return metrics.metric(self.manifest["metric"])
 
-    def actual_and_predicted(self, frame: pd.DataFrame) -> tuple[np.ndarray, np.ndarray,
-                                                                   np.ndarray]:
+    def actual_and_predicted(self, rows: Columns) -> tuple[np.ndarray, np.ndarray,
+                                                            np.ndarray]:
         """The rows with an actual and a prediction: their positions, actuals (class
         codes for classification) and predictions (a probability matrix)."""
         import pandas as pd
 
-        predicted = frame[self.predictions].to_numpy(dtype="float64", na_value=np.nan)
+        predicted = np.column_stack([profiles.floats(rows[c]) for c in self.predictions])
         usable = np.isfinite(predicted).all(axis=1)
         if self.manifest["task"] in CLASSIFICATION:
             classes = self.manifest.get("classes") or []
-            codes = pd.Index(classes).get_indexer(frame[self.target].astype(object))
+            codes = pd.Index(classes).get_indexer(rows[self.target].astype(object))
             usable &= codes >= 0
-            rows = np.flatnonzero(usable)
-            return rows, codes[rows], predicted[rows]
-        actual = pd.to_numeric(frame[self.target], errors="coerce").to_numpy(
-            dtype="float64", na_value=np.nan)
-        rows = np.flatnonzero(usable & np.isfinite(actual))
-        return rows, actual[rows], predicted[rows, 0]
+            kept = np.flatnonzero(usable)
+            return kept, codes[kept], predicted[kept]
+        actual = profiles.floats(rows[self.target])
+        kept = np.flatnonzero(usable & np.isfinite(actual))
+        return kept, actual[kept], predicted[kept, 0]
 
-    def judge(self, frame: pd.DataFrame) -> dict[str, Any]:
-        """One segment's period (its rows: ``frame``) measured and judged."""
-        first = frame.iloc[0]
-        status_in_model = first["_model_status"]
-        stored = json.loads(first["_profile"]) if isinstance(first["_profile"], str) else None
-        rows, y, predicted = self.actual_and_predicted(frame)
-        steps = self.steps(frame.iloc[rows], stored)
+    def judge(self, columns: Columns) -> dict[str, Any]:
+        """One segment's period (its rows: ``columns``, name -> values) measured and
+        judged."""
+        status_in_model = columns["_model_status"][0]
+        profile = columns["_profile"][0]
+        stored = json.loads(profile) if isinstance(profile, str) else None
+        rows, y, predicted = self.actual_and_predicted(columns)
+        steps = self.steps(columns, rows, stored)
         if steps is not None:  # forecasts: only the periods after the series' history
             kept = steps > 0
             rows, y, predicted, steps = rows[kept], y[kept], predicted[kept], steps[kept]
         found: dict[str, Any] = {
-            "rows": len(frame), "scored_rows": len(rows), "metric": self.metric.name,
-            "validation": _number(first["_validation"]),
-            "validation_baseline": _number(first["_validation_baseline"]),
+            "rows": len(columns[self.target]), "scored_rows": len(rows),
+            "metric": self.metric.name, "validation": _number(columns["_validation"][0]),
+            "validation_baseline": _number(columns["_validation_baseline"][0]),
             "model_status": status_in_model, "model_version": self.version,
             "realized": None, "baseline_realized": None, "drift_psi": None,
             "drift_feature": None, "drift_p": None, "feature_psi": None,
@@ -157,7 +159,7 @@ class Judge:
                     self.score(y[steps == s], predicted[steps == s])
                     if (steps == s).any() else None
                     for s in range(1, self.manifest["forecast"]["horizon"] + 1)]
-        drift = profiles.drifts(stored, frame) if stored else []
+        drift = profiles.drifts(stored, columns) if stored else []
         if drift:
             found.update(drift_psi=drift[0].psi, drift_feature=drift[0].feature,
                          drift_p=drift[0].p_value, feature_psi=json.dumps(
@@ -170,14 +172,15 @@ class Judge:
         value = self.metric.score(y, predicted)
         return None if value != value else float(value)
 
-    def steps(self, frame: pd.DataFrame, stored: dict | None) -> np.ndarray | None:
-        """Forecasting: each row's horizon step after the series' last trained period
-        (0: not a period the model forecast); None for other tasks."""
+    def steps(self, columns: Columns, rows: np.ndarray, stored: dict | None
+              ) -> np.ndarray | None:
+        """Forecasting: the horizon step of each of ``rows`` after the series' last
+        trained period (0: not a period the model forecast); None for other tasks."""
         spec = self.manifest.get("forecast")
         if not spec:
             return None
         if not stored or "last" not in stored:
-            return np.zeros(len(frame), dtype="int64")
+            return np.zeros(len(rows), dtype="int64")
         import pandas as pd
 
         from raybricks.kinds.forecasting import future_times
@@ -188,7 +191,7 @@ class Judge:
                               spec["answers"])
         known = np.asarray(future, dtype="int64" if steps else "datetime64[ns]").astype("int64")
         position = dict(zip(known.tolist(), range(1, len(known) + 1), strict=True))
-        times = frame[spec["time_column"]]
+        times = pd.Series(columns[spec["time_column"]][rows])
         if steps:
             values = times.astype("int64").tolist()
         else:
@@ -297,6 +300,19 @@ def _z(alpha: float) -> float:
     return float(norm.isf(alpha))
 
 
+def by_period(segment: Columns) -> list[tuple[str | None, Columns]]:
+    """A segment's rows split by their ``_period`` (None: rows without a time)."""
+    periods = segment["_period"]
+    missing = np.array([p is None for p in periods], dtype=bool)
+    text = np.where(missing, "", periods.astype(str))
+    found = []
+    for period in np.unique(text):
+        chosen = text == period
+        found.append((None if period == "" else str(period),
+                      {c: a[chosen] for c, a in segment.items()}))
+    return found
+
+
 def measure_partitions(judge: Judge, segment_by: list[str], has_period: bool):
     """The mapInPandas function: the rows arrive laid out by segment (a segment's rows
     consecutive, possibly over several batches); each segment's periods are judged
@@ -306,15 +322,18 @@ def measure_partitions(judge: Judge, segment_by: list[str], has_period: bool):
     columns = [*segment_by, "period", *[f.name for f in output_schema([]).fields]]
 
     def judged(frame: pd.DataFrame) -> pd.DataFrame:
+        """Every segment (and period) of ``frame``, whose segments are consecutive runs
+        of rows: its columns as arrays once, each segment's a slice of them."""
         out = []
-        group_by = [*segment_by, "_period"] if has_period else segment_by
-        for key, rows in frame.groupby(group_by, dropna=False, sort=False):
-            key = key if isinstance(key, tuple) else (key,)
-            found = judge.judge(rows.reset_index(drop=True))
-            keys = dict(zip(segment_by, key[:len(segment_by)], strict=True))
-            period = key[-1] if has_period else None
-            out.append({**keys, "period": None if period is None or period != period
-                        else str(period), **found})
+        arrays = {c: frame[c].to_numpy() for c in frame.columns}
+        codes = frame[segment_by].groupby(segment_by, dropna=False, sort=False
+                                          ).ngroup().to_numpy()
+        starts = np.flatnonzero(np.r_[True, codes[1:] != codes[:-1]])
+        for start, end in zip(starts, [*starts[1:], len(codes)], strict=True):
+            keys = {k: arrays[k][start] for k in segment_by}
+            segment = {c: a[start:end] for c, a in arrays.items()}
+            for period, rows in (by_period(segment) if has_period else [(None, segment)]):
+                out.append({**keys, "period": period, **judge.judge(rows)})
         return pd.DataFrame(out, columns=list(dict.fromkeys(columns)))
 
     def measure(batches):

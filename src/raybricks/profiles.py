@@ -14,6 +14,7 @@ the training tasks and in monitoring's Spark tasks.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,8 +53,8 @@ def categorical_profile(values: pd.Series) -> dict[str, Any]:
     text = values.astype("object").where(values.notna(), None)
     counts = text.dropna().astype(str).value_counts()
     categories = counts.index[:TOP_CATEGORIES].tolist()
-    return {"categories": categories,
-            "shares": _shares(categorical_bins(text, categories), len(categories) + 2)}
+    return {"categories": categories, "shares": _shares(
+        categorical_bins(text.to_numpy(), categories), len(categories) + 2)}
 
 
 def numeric_bins(values: np.ndarray, edges: np.ndarray | list[float]) -> np.ndarray:
@@ -64,14 +65,23 @@ def numeric_bins(values: np.ndarray, edges: np.ndarray | list[float]) -> np.ndar
     return np.where(np.isnan(values), len(edges) + 1, found)
 
 
-def categorical_bins(values: pd.Series, categories: list[str]) -> np.ndarray:
-    """Each value's bin: its category's position, len(categories) for another category,
-    len(categories) + 1 for a missing one."""
-    text = values.astype("object")
-    missing = text.isna().to_numpy()
-    positions = pd.Index(categories).get_indexer(text.where(~missing, "").astype(str))
-    found = np.where(positions < 0, len(categories), positions)
-    return np.where(missing, len(categories) + 1, found)
+def categorical_bins(values: np.ndarray, categories: list[str]) -> np.ndarray:
+    """Each value's bin: its category's position (by its text), len(categories) for
+    another category, len(categories) + 1 for a missing one."""
+    values = np.asarray(values, dtype=object)
+    lookup = {c: i for i, c in enumerate(categories)}
+    other = len(categories)
+    found = np.fromiter((lookup.get(str(v), other) for v in values), dtype=np.int64,
+                        count=len(values))
+    return np.where(pd.isna(values), other + 1, found)
+
+
+def floats(values: np.ndarray) -> np.ndarray:
+    """Values as float64, NaN where missing or not a number."""
+    if values.dtype.kind in "fiub":
+        return values.astype("float64", copy=False)
+    return pd.to_numeric(pd.Series(values), errors="coerce").to_numpy(
+        dtype="float64", na_value=np.nan)
 
 
 def _shares(bins: np.ndarray, size: int) -> list[float]:
@@ -106,11 +116,11 @@ class Drift:
 
 
 def feature_drift(name: str, stored: dict[str, Any], trained_rows: int,
-                  values: pd.Series) -> Drift:
+                  values: np.ndarray | pd.Series) -> Drift:
     """The drift of a feature's new ``values`` against its stored profile."""
+    values = np.asarray(values)
     if "edges" in stored:
-        bins = numeric_bins(pd.to_numeric(values, errors="coerce").to_numpy(
-            dtype="float64", na_value=np.nan), stored["edges"])
+        bins = numeric_bins(floats(values), stored["edges"])
     else:
         bins = categorical_bins(values, stored["categories"])
     expected = np.asarray(stored["shares"], dtype="float64") * trained_rows
@@ -142,9 +152,9 @@ def psi(expected: np.ndarray, actual: np.ndarray) -> float:
     return float(np.sum((a - e) * np.log(a / e)))
 
 
-def drifts(stored: dict[str, Any], frame: pd.DataFrame) -> list[Drift]:
-    """Every profiled feature's drift of the rows of ``frame`` (its columns that the
-    profile has), worst (largest PSI) first."""
-    found = [feature_drift(name, feature, stored["rows"], frame[name])
-             for name, feature in stored.get("features", {}).items() if name in frame]
+def drifts(stored: dict[str, Any], columns: Mapping[str, Any]) -> list[Drift]:
+    """Every profiled feature's drift of the new rows (``columns``: a frame, or column
+    name -> values; those the profile has), worst (largest PSI) first."""
+    found = [feature_drift(name, feature, stored["rows"], columns[name])
+             for name, feature in stored.get("features", {}).items() if name in columns]
     return sorted(found, key=lambda d: -d.psi)
