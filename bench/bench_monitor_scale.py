@@ -26,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from bench_scale import JOBS, report, run_verb, write_table  # noqa: E402
+from bench_scale import JOBS, cli_job, report, write_table  # noqa: E402
 from common import RESULTS  # noqa: E402
 
 ROWS = 16
@@ -57,28 +57,16 @@ def main() -> None:
     write_table(table, args.segments, ROWS)
     write_table(outcomes, args.segments, ROWS, seed=1)
     changed = shift_some(outcomes, max(int(round(1 / args.changed)), 1))
-    config = {
-        "source": {"path": str(table)}, "segment_by": ["seg"], "target": "y",
-        "models": JOBS["million"]["models"], "ensemble": "best", "min_rows": 10,
-        "validation": {"method": "holdout", "metric": "mae"},
-        "registry": {"name": NAME}, "training": {"output_dir": str(workdir / "runs")},
-    }
-    config_path = workdir / "job.json"  # JSON is YAML
-    config_path.write_text(json.dumps(config))
-    env = os.environ | {"MLFLOW_TRACKING_URI": f"sqlite:///{workdir}/mlflow.db",
-                        "RAY_AUTH_MODE": "disabled", "OMP_NUM_THREADS": "1"}
-    cli = str(Path(sys.executable).with_name("raybricks"))
-    train = report(run_verb([cli, "train", "--config", str(config_path)], env),
-                   args.segments, "segments")
-    monitor = report(run_verb([cli, "monitor", "--model", f"models:/{NAME}@champion",
-                               "--outcomes", str(outcomes), "--output",
-                               str(workdir / "monitoring")], env), args.segments, "segments")
+    job = cli_job(workdir, table, JOBS["million"]["models"], NAME)
+    train = report(job.run("train"), args.segments, "segments")
+    monitor = report(job.run("monitor", "--model", f"models:/{NAME}@champion", "--outcomes",
+                             str(outcomes), "--output", str(workdir / "monitoring")),
+                     args.segments, "segments")
     # the loop's second half: retrain the degraded segments on the new rows, merged into
     # the champion (the merge streams the champion's shards)
-    retrain = report(run_verb([cli, "train", "--config", str(config_path), "--set",
-                               f"source.path={outcomes}", "--segments-from-monitor",
-                               str(workdir / "monitoring"), "--statuses", "degraded"], env),
-                     args.segments, "segments")
+    retrain = report(job.run("train", "--set", f"source.path={outcomes}",
+                             "--segments-from-monitor", str(workdir / "monitoring"),
+                             "--statuses", "degraded"), args.segments, "segments")
     import pyarrow.parquet as pq
 
     found = pq.read_table(workdir / "monitoring", columns=["seg", "status"]).to_pandas()

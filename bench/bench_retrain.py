@@ -28,7 +28,7 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from bench_scale import JOBS, report, run_verb, write_table  # noqa: E402
+from bench_scale import JOBS, cli_job, report, write_table  # noqa: E402
 from common import RESULTS  # noqa: E402
 
 ROWS = 50
@@ -55,25 +55,14 @@ def main() -> None:
     every = max(int(round(1 / args.share)), 1)
     listed = list(range(0, args.segments, every))
     pq.write_table(pa.table({"seg": listed}), workdir / "keys.parquet")
-    config = {
-        "source": {"path": str(table)}, "segment_by": ["seg"], "target": "y",
-        "models": JOBS["kinds"]["models"], "ensemble": "best", "min_rows": 10,
-        "validation": {"method": "holdout", "metric": "mae"},
-        "registry": {"name": NAME}, "training": {"output_dir": str(workdir / "runs")},
-    }
-    config_path = workdir / "job.json"  # JSON is YAML
-    config_path.write_text(json.dumps(config))
-    env = os.environ | {"MLFLOW_TRACKING_URI": f"sqlite:///{workdir}/mlflow.db",
-                        "RAY_AUTH_MODE": "disabled", "OMP_NUM_THREADS": "1"}
-    cli = str(Path(sys.executable).with_name("raybricks"))
-    full = report(run_verb([cli, "train", "--config", str(config_path)], env),
-                  args.segments, "segments")
-    part = report(run_verb([cli, "train", "--config", str(config_path), "--segments",
-                            str(workdir / "keys.parquet")], env), len(listed), "segments")
+    job = cli_job(workdir, table, JOBS["kinds"]["models"], NAME)
+    full = report(job.run("train"), args.segments, "segments")
+    part = report(job.run("train", "--segments", str(workdir / "keys.parquet")), len(listed),
+                  "segments")
 
     import mlflow
 
-    mlflow.set_tracking_uri(env["MLFLOW_TRACKING_URI"])
+    mlflow.set_tracking_uri(job.env["MLFLOW_TRACKING_URI"])
     local = Path(mlflow.artifacts.download_artifacts(f"models:/{NAME}@champion",
                                                      dst_path=str(workdir / "champion")))
     index = pq.read_table(local / "artifacts" / "segments" / "index.parquet").to_pandas()

@@ -151,31 +151,50 @@ def write_table(path: Path, segments: int, rows: int, seed: int = 0) -> None:
                                          "y": y}))
 
 
+@dataclass
+class CliJob:
+    """A job config of ``bench_scale``'s table written for the CLI, the environment it
+    runs in (MLflow on SQLite in ``workdir``) and the ``raybricks`` command."""
+
+    config: Path
+    env: dict[str, str]
+    cli: str
+
+    def run(self, verb: str, *args: str) -> Verb:
+        """``raybricks <verb> --config <config> <args>`` (``train``, ``validate``) or
+        ``raybricks <verb> <args>``, sampled by ``run_verb``."""
+        config = ["--config", str(self.config)] if verb in ("train", "validate") else []
+        return run_verb([self.cli, verb, *config, *args], self.env)
+
+
+def cli_job(workdir: Path, table: Path, models: list[dict[str, Any]], name: str) -> CliJob:
+    """The benchmarks' job over ``table`` (one model per ``seg``, y from x1..x3, holdout
+    validation, mae) with ``models``, registered as ``name``."""
+    config = {
+        "source": {"path": str(table)}, "segment_by": ["seg"], "target": "y",
+        "models": models, "ensemble": "best", "min_rows": 10,
+        "validation": {"method": "holdout", "metric": "mae"},
+        "registry": {"name": name}, "training": {"output_dir": str(workdir / "runs")},
+    }
+    path = workdir / f"{name}.json"  # JSON is YAML
+    path.write_text(json.dumps(config))
+    env = os.environ | {"MLFLOW_TRACKING_URI": f"sqlite:///{workdir}/mlflow.db",
+                        "RAY_AUTH_MODE": "disabled", "OMP_NUM_THREADS": "1"}
+    return CliJob(path, env, str(Path(sys.executable).with_name("raybricks")))
+
+
 def run_job(name: str, segments: int, rows: int, workdir: Path, score: bool
             ) -> dict[str, Any]:
     job = JOBS[name]
     table = workdir / f"{name}.parquet"
     write_table(table, segments, rows)
-    config = {
-        "source": {"path": str(table)}, "segment_by": ["seg"], "target": "y",
-        "models": job["models"], "ensemble": "best", "min_rows": 10,
-        "validation": {"method": "holdout", "metric": "mae"},
-        "registry": {"name": f"bench_scale_{name}"},
-        "training": {"output_dir": str(workdir / "runs")},
-    }
-    config_path = workdir / f"{name}.json"  # JSON is YAML
-    config_path.write_text(json.dumps(config))
-    env = os.environ | {"MLFLOW_TRACKING_URI": f"sqlite:///{workdir}/mlflow.db",
-                        "RAY_AUTH_MODE": "disabled", "OMP_NUM_THREADS": "1"}
-    cli = str(Path(sys.executable).with_name("raybricks"))
+    cli = cli_job(workdir, table, job["models"], f"bench_scale_{name}")
     found: dict[str, Any] = {"segments": segments, "rows": rows,
                              "candidates": [m["name"] for m in job["models"]]}
-    train = run_verb([cli, "train", "--config", str(config_path)], env)
-    found["train"] = report(train, segments, "segments")
+    found["train"] = report(cli.run("train"), segments, "segments")
     if score:
-        scored = run_verb([cli, "score", "--model", f"models:/bench_scale_{name}@champion",
-                           "--input", str(table), "--output", str(workdir / f"{name}_out")],
-                          env)
+        scored = cli.run("score", "--model", f"models:/bench_scale_{name}@champion",
+                         "--input", str(table), "--output", str(workdir / f"{name}_out"))
         found["score"] = report(scored, segments * rows, "rows")
     return found
 
