@@ -399,7 +399,10 @@ def index_frame(spark: SparkSession, archive: str, directory: Path, columns: lis
             for group in batch["id"].tolist():
                 yield file.read_row_group(int(group), columns=present).to_pandas()
 
-    slices = max(1, min(groups, spark.sparkContext.defaultParallelism))
+    from raybricks.session import is_spark_connect
+
+    parallel = groups if is_spark_connect(spark) else spark.sparkContext.defaultParallelism
+    slices = max(1, min(groups, parallel))
     frame = spark.range(groups, numPartitions=slices).mapInPandas(read, spark_schema)
     for column in columns:
         if column not in present:  # a model from before profiles
