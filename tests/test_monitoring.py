@@ -265,3 +265,29 @@ def test_the_drift_test_is_scipys_chi_square_test_of_the_two_samples():
         actual[actual == 0] += 1
         wanted = chi2_contingency(np.vstack([expected, actual]), correction=False)[1]
         assert profiles.same_distribution(expected, actual) == pytest.approx(wanted, rel=1e-9)
+
+
+def test_a_classifier_is_judged_on_its_class_probabilities():
+    """logloss on the probability columns, the class frequencies as its baseline: a
+    classifier sure of the wrong class is degraded, a calibrated one is not."""
+    rng = np.random.default_rng(5)
+    labels = rng.choice(["no", "yes"], 200, p=[0.7, 0.3])
+    sure = np.where(labels == "yes", 0.9, 0.1)
+    manifest = {"metric": "logloss", "task": "binary", "classes": ["no", "yes"],
+                "forecast": None}
+    stored = json.dumps({"rows": 500, "validation_rows": 100, "naive": [0.7, 0.3],
+                         "features": {}})
+
+    def judge(p_yes):
+        columns = {"label": labels.astype(object), "probability_no": 1 - p_yes,
+                   "probability_yes": p_yes, "_model_status": np.array(["trained"] * 200),
+                   "_validation": np.full(200, 0.35), "_validation_baseline": np.full(200, 0.6),
+                   "_profile": np.array([stored] * 200, dtype=object)}
+        return Judge(manifest, Thresholds(), "label", ["probability_no", "probability_yes"],
+                     "3").judge(columns)
+
+    good, wrong = judge(sure), judge(1 - sure)
+    assert good["status"] == OK and good["realized"] < good["baseline_realized"]
+    assert wrong["status"] == DEGRADED and "naive baseline does better" in wrong["reason"]
+    assert wrong["baseline_realized"] == pytest.approx(
+        -np.mean(np.log(np.where(labels == "yes", 0.3, 0.7))))
