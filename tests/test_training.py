@@ -264,6 +264,11 @@ def test_large_segment_goes_through_ray_train(ray_on_spark, spark, tmp_path):
     assert (rows.status == "trained").all()
     assert "not data-parallel" in rows.loc["big", "reason"]
     assert np.isnan(rows.loc["big", "ridge_rmse"]) and rows.loc["big", "xgb_rmse"] < 0.5
+    # what monitoring compares with, made where the segment was split: its training rows
+    profile = json.loads(rows.loc["big", "profile"])
+    assert profile["rows"] == rows.loc["big", "n_rows"]
+    assert set(profile["features"]) == {"x1", "x2", "color"}
+    assert profile["validation_rows"] == rows.loc["big", "n_valid"]
     # the search ran as one Ray Tune experiment (ASHA), a trial per grid setting, and the
     # best setting is what was fitted: the slow learning rate cannot win in 30 rounds
     (experiment,) = (result.run_dir / "ray_tune").glob("tune-xgb-*")

@@ -128,6 +128,7 @@ def split_segment(block: pa.Table, plan: Plan, key: tuple):
         "pool": pool,  # refitted on all rows where the plan says so, as any member
         "pool_members": {e.candidate.name: seg.member_rows(prep, [(e, 1.0)], plan, key)
                          for e in pool if e.error is None},
+        "profile": seg.segment_profile(holdout, plan),
     }
     return table.take(train), table.take(valid), info
 
@@ -406,6 +407,9 @@ class LargeSegment(Unit):
 
     def rivals(self, prepared: tuple) -> list[Evaluation]:
         return prepared[2]["pool"]
+
+    def profile(self, prepared: tuple) -> dict[str, Any]:
+        return prepared[2]["profile"]
 
     def select(self, prepared: tuple, row: SegmentResult, evaluations: list[Evaluation]
                ) -> Chosen:

@@ -312,6 +312,16 @@ def baseline(prep: Prepared, plan: Plan) -> np.ndarray:
     return np.concatenate(parts)
 
 
+def segment_profile(prep: Prepared, plan: Plan) -> dict[str, Any]:
+    """The segment's training rows as monitoring compares new rows with them
+    (``raybricks.profiles``)."""
+    categorical = list(prep.meta["categorical"])
+    numeric = [c for c in plan.features if c not in prep.meta["categorical"]]
+    return profiles.profile(prep.values, numeric, prep.X if categorical else None,
+                            categorical, naive_prediction(prep, plan),
+                            len(validation_rows(prep)))
+
+
 def naive_prediction(prep: Prepared, plan: Plan) -> list[float]:
     """What the naive baseline fitted on all the segment's rows predicts: its mean (its
     last value, time-ordered), or its class frequencies."""
@@ -476,11 +486,7 @@ class TableSegment(Unit):
         return member_rows(prep, chosen, self.plan, self.key)
 
     def profile(self, prep: Prepared) -> dict[str, Any]:
-        categorical = list(prep.meta["categorical"])
-        numeric = [c for c in self.plan.features if c not in prep.meta["categorical"]]
-        return profiles.profile(prep.values, numeric, prep.X if categorical else None,
-                                categorical, naive_prediction(prep, self.plan),
-                                len(validation_rows(prep)))
+        return segment_profile(prep, self.plan)
 
     def served(self, error: Exception, row: SegmentResult) -> list[dict[str, Any]]:
         if self.data is not None and (isinstance(error, ConstantTarget) or (
