@@ -291,3 +291,23 @@ def test_a_classifier_is_judged_on_its_class_probabilities():
     assert wrong["status"] == DEGRADED and "naive baseline does better" in wrong["reason"]
     assert wrong["baseline_realized"] == pytest.approx(
         -np.mean(np.log(np.where(labels == "yes", 0.3, 0.7))))
+
+
+def test_numeric_bins_are_numpys_quantiles_and_bincounts():
+    """The profile's plain-Python quantiles and counts (cheap for small segments) equal
+    numpy's: np.quantile's edges (six digits, distinct), the rows of each bin."""
+    rng = np.random.default_rng(6)
+    for _ in range(200):
+        n = int(rng.integers(1, 150))
+        values = rng.normal(size=n).round(int(rng.integers(0, 3)))  # ties too
+        values[rng.random(n) < 0.1] = np.nan
+        found = profiles.numeric_profile(values)
+        present = values[~np.isnan(values)]
+        if not len(present):
+            assert found == {"edges": [], "shares": [0.0, 1.0]}
+            continue
+        levels = np.linspace(0, 1, profiles.bins_for(len(present)) + 1)[1:-1]
+        edges = np.unique([float(f"{e:.6g}") for e in np.quantile(present, levels)])
+        counts = np.bincount(profiles.numeric_bins(values, edges), minlength=len(edges) + 2)
+        assert found["edges"] == edges.tolist()
+        assert found["shares"] == np.round(counts / n, 6).tolist()
