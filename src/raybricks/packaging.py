@@ -10,6 +10,7 @@ the better of two.
 
 from __future__ import annotations
 
+import itertools
 import json
 import shutil
 from collections.abc import Iterable, Iterator
@@ -378,10 +379,10 @@ def merge_segments(
             f"({old_manifest['segment_by']}, {old_manifest['features']}); "
             "use registry.promote=if_better or always"
         )
-    new_index, old_index = read_index(challenger), read_index(champion)
-    from_old = from_champion(new_index, old_index, segment_by, metric, replace)
-    _, new_rows = _split_by_keys(new_index, segment_by, from_old)
-    old_rows, _ = _split_by_keys(old_index, segment_by, from_old)
+    wanted = [*segment_by, "status", "metric"]
+    keep_old, take_new = from_champion(read_index(challenger, wanted),
+                                       read_index(champion, wanted), segment_by, metric,
+                                       replace)
     fallback_path = Path(challenger) / FALLBACK
     fallback = pq.read_table(fallback_path) if fallback_path.exists() else None
     classes = set(manifest.get("classes") or []) | set(old_manifest.get("classes") or [])
@@ -390,66 +391,85 @@ def merge_segments(
                            "merged_from": list(labels),
                            "libraries": _merged_libraries(
                                manifest.get("libraries"),
-                               old_manifest.get("libraries") if from_old.num_rows else None)}
-    parts = _merged_parts({Path(challenger): (new_rows, labels[0]),
-                           Path(champion): (old_rows, labels[1])}, segment_by)
+                               old_manifest.get("libraries") if keep_old.any() else None)}
+    files = [f for d in (challenger, champion) for f in sorted(Path(d).glob(SHARDS))]
+    schema = pa.unify_schemas([pq.read_schema(f) for f in files]) if files else None
+    parts = itertools.chain(
+        _merged_parts(Path(challenger), take_new, labels[0], segment_by, schema),
+        _merged_parts(Path(champion), keep_old, labels[1], segment_by, schema))
     return write_segments(directory, manifest, parts, fallback)
 
 
 def from_champion(new_index: pa.Table, old_index: pa.Table, segment_by: list[str],
-                  metric: str, replace: bool) -> pa.Table:
-    """The keys a merge takes from the champion: those the challenger has no row for,
-    those the champion trained and the challenger did not, and (unless ``replace``)
-    those both trained where the champion's validation metric is better."""
-    def side(index: pa.Table, status: str, value: str) -> pa.Table:
+                  metric: str, replace: bool) -> tuple[np.ndarray, np.ndarray]:
+    """What a merge takes from each model, as masks over their index rows (in index
+    order): the champion's rows it keeps (those the challenger has no row for, those
+    the champion trained and the challenger did not, and unless ``replace`` those both
+    trained where the champion's validation metric is better), and the challenger's
+    rows it takes (all but those). The indexes need only the segment columns, status
+    and metric."""
+    def side(index: pa.Table, status: str, value: str, position: str) -> pa.Table:
         return index.select([*segment_by, "status", "metric"]).rename_columns(
-            [*segment_by, status, value])
+            [*segment_by, status, value]).append_column(
+            position, pa.array(np.arange(index.num_rows)))
 
-    new = side(new_index, "new_status", "new")
-    both = null_safe_join(side(old_index, "old_status", "old"),
-                          new.append_column("__present", pa.repeat(True, new.num_rows)),
-                          segment_by)
+    both = null_safe_join(side(old_index, "old_status", "old", "__old"),
+                          side(new_index, "new_status", "new", "__new"), segment_by)
+
     def trained(status: str) -> np.ndarray:
         return pc.fill_null(pc.equal(both.column(status), "trained"), False).to_numpy(
             zero_copy_only=False)
 
-    absent = pc.is_null(both.column("__present")).to_numpy(zero_copy_only=False)
+    present = pc.is_valid(both.column("__new")).to_numpy(zero_copy_only=False)
     old_trained, new_trained = trained("old_status"), trained("new_status")
-    keep = absent | (old_trained & ~new_trained)
+    keep = ~present | (old_trained & ~new_trained)
     if not replace:
         losses = metrics.metric(metric).losses
         better = losses(float_values(both, "old")) < losses(float_values(both, "new"))
         keep |= old_trained & new_trained & better
-    return both.filter(pa.array(keep)).select(segment_by)
+    keep_old = np.zeros(old_index.num_rows, dtype=bool)
+    keep_old[both.column("__old").to_numpy()[keep]] = True
+    take_new = np.ones(new_index.num_rows, dtype=bool)
+    replaced = both.filter(pa.array(keep & present)).column("__new")
+    take_new[replaced.to_numpy()] = False
+    return keep_old, take_new
 
 
-def _merged_parts(sources: dict[Path, tuple[pa.Table, str]], segment_by: list[str]
-                  ) -> Iterator[tuple[pa.Table, pa.Table]]:
-    """(index rows, members) of a merge, one row group of one model's shard at a time
-    (a few hundred segments' members: the driver never holds a whole shard): the rows
-    the merge takes from each model (labelled with its ``source``) with their members."""
-    files = [file for directory in sources for file in sorted(directory.glob(SHARDS))]
-    schema = pa.unify_schemas([pq.read_schema(file) for file in files]) if files else None
+def _merged_parts(directory: Path, taken: np.ndarray, label: str, segment_by: list[str],
+                  schema: pa.Schema | None) -> Iterator[tuple[pa.Table, pa.Table]]:
+    """(index rows, members) of the rows a merge takes from one model (``taken``: a mask
+    over its index rows, labelled ``label`` in ``source``), one index row group and one
+    shard row group at a time: the driver never holds the model's whole index or a whole
+    shard (a few hundred segments' members at once)."""
+    index = pq.ParquetFile(directory / INDEX)
     columns = [*segment_by, *INDEX_COLUMNS]
-    for directory, (rows, label) in sources.items():
+    shards: dict[int, pq.ParquetFile] = {}
+    first = 0
+    for number in range(index.num_row_groups):
+        rows = index.read_row_group(number)
+        chosen = taken[first:first + rows.num_rows]
+        first += rows.num_rows
+        rows = rows.filter(pa.array(chosen))
+        if not rows.num_rows:
+            continue
         rows = rows.set_column(rows.schema.get_field_index("source"), "source",
                                pa.repeat(pa.scalar(label, pa.string()), rows.num_rows))
         if "profile" not in rows.column_names:  # a model from before profiles
             rows = rows.append_column("profile", pa.nulls(rows.num_rows, pa.string()))
-        shards = rows.column("shard")
-        without = rows.filter(pc.less(shards, 0))
-        if without.num_rows:
-            yield without.select(columns), pa.table({})
-        for shard in sorted(pc.unique(pc.filter(shards, pc.greater_equal(shards, 0)))
-                            .to_pylist()):
-            taken = rows.filter(pc.equal(shards, shard))
-            file = pq.ParquetFile(directory / shard_name(shard))
-            groups = taken.column("row_group")
-            for group in sorted(pc.unique(groups).to_pylist()):
-                here = taken.filter(pc.equal(groups, group))
-                members = _split_by_keys(file.read_row_group(group), segment_by,
-                                         here.select(segment_by))[0].cast(schema)
-                yield here.select(columns), members
+        places = rows.select(["shard", "row_group"]).group_by(["shard", "row_group"]
+                                                              ).aggregate([])
+        for shard, group in sorted(zip(places.column("shard").to_pylist(),
+                                       places.column("row_group").to_pylist(), strict=True)):
+            here = rows.filter(pc.and_(pc.equal(rows.column("shard"), shard),
+                                       pc.equal(rows.column("row_group"), group)))
+            if shard < 0 or schema is None:
+                yield here.select(columns), pa.table({})
+                continue
+            if shard not in shards:
+                shards[shard] = pq.ParquetFile(directory / shard_name(shard))
+            members = _split_by_keys(shards[shard].read_row_group(group), segment_by,
+                                     here.select(segment_by))[0].cast(schema)
+            yield here.select(columns), members
 
 
 def _split_by_keys(table: pa.Table, segment_by: list[str], keys: pa.Table
