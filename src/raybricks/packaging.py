@@ -43,6 +43,8 @@ from raybricks.segmented_model import (
 FORMAT_VERSION = 1
 SEGMENTS_PER_ROW_GROUP = 256
 SEGMENTS_PER_SHARD = 20_000
+#: Index rows per row group at least (a merge yields a few hundred segments at a time).
+INDEX_ROWS_PER_GROUP = 65_536
 INDEX_COLUMNS = ("status", "reason", "metric", "baseline", "chosen", "source", "profile")
 
 
@@ -262,16 +264,22 @@ def write_segments(
     directory.mkdir(parents=True)
     shards = ShardWriter(directory, segment_by, classes="classes" not in manifest)
     index_writer: pq.ParquetWriter | None = None
+    pending: list[pa.Table] = []  # index rows not written yet: row groups of a useful size
     segments = with_model = 0
     for index, members in parts:
         index = locate(index, shards.add(members), segment_by)
         if index_writer is None:
             index_writer = pq.ParquetWriter(directory / INDEX, index.schema)
-        index_writer.write_table(index.cast(index_writer.schema))
+        pending.append(index.cast(index_writer.schema))
+        if sum(t.num_rows for t in pending) >= INDEX_ROWS_PER_GROUP:
+            index_writer.write_table(pa.concat_tables(pending))
+            pending = []
         segments += index.num_rows
         with_model += int(pc.sum(pc.greater_equal(index.column("shard"), 0)).as_py() or 0)
     shards.close()
     if index_writer is not None:
+        if pending:
+            index_writer.write_table(pa.concat_tables(pending))
         index_writer.close()
     has_fallback = fallback is not None and fallback.num_rows > 0
     if has_fallback:
