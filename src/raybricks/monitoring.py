@@ -374,7 +374,8 @@ class Measured:
 def index_frame(spark: SparkSession, archive: str, directory: Path, columns: list[str]
                 ) -> DataFrame:
     """The model's index (``columns``) as a Spark DataFrame read by the executors from
-    the shipped archive, one row group per task (the driver reads only its footer)."""
+    the shipped archive, its row groups spread over the tasks (the driver reads only its
+    footer)."""
     import pyarrow.parquet as pq
     from pyspark.sql import functions as F
     from pyspark.sql import types as T
