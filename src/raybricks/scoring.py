@@ -21,7 +21,6 @@ import hashlib
 import json
 import logging
 import os
-import re
 import shutil
 import tempfile
 import time
@@ -46,7 +45,7 @@ from raybricks.segmented_model import (
     prediction_type,
 )
 from raybricks.session import is_spark_connect, save_table
-from raybricks.sources import read_source, source_of
+from raybricks.sources import join_on_segments, read_source, source_of
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -124,10 +123,11 @@ def model_version_of(model_uri: str) -> str | None:
     """The registry version behind ``models:/NAME@ALIAS`` or ``models:/NAME/N``."""
     from mlflow import MlflowClient
 
-    alias = re.fullmatch(r"models:/(.+)@([^@/]+)", model_uri)
-    if alias:
+    from raybricks.tracking.target import BY_ALIAS, BY_NUMBER
+
+    if alias := BY_ALIAS.fullmatch(model_uri):
         return str(MlflowClient().get_model_version_by_alias(*alias.groups()).version)
-    number = re.fullmatch(r"models:/(.+)/(\d+)", model_uri)
+    number = BY_NUMBER.fullmatch(model_uri)
     return number.group(2) if number else None
 
 
@@ -590,8 +590,6 @@ def unserved_segments(segments: DataFrame, without: DataFrame | None, manifest: 
     model's segments without a model, ``no_model``): failed or skipped in training
     (their training reason), not in the model, or served but not in every row (a
     forecasting model answers only the periods after each series' history)."""
-    from functools import reduce
-
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
@@ -603,12 +601,9 @@ def unserved_segments(segments: DataFrame, without: DataFrame | None, manifest: 
         found = segments.withColumn("_status", F.lit(None).cast("string")).withColumn(
             "_reason", F.lit(None).cast("string"))
     else:
-        other = without.select(*[F.col(k).alias(f"_key{i}") for i, k in enumerate(segment_by)],
-                               F.col("status").alias("_status"),
+        other = without.select(*segment_by, F.col("status").alias("_status"),
                                F.col("reason").alias("_reason"))
-        same = reduce(lambda a, b: a & b, [segments[k].eqNullSafe(other[f"_key{i}"])
-                                           for i, k in enumerate(segment_by)])
-        found = segments.join(other, same, "left")
+        found = join_on_segments(segments, other, segment_by, "left")
     why = (F.when(F.col("_status").isNotNull(),
                   F.concat(F.col("_status"), F.lit(" in training, without a model")))
            .when(F.coalesce(F.col("segment_status"), F.lit("unknown")) == "unknown",

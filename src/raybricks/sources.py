@@ -120,8 +120,6 @@ def only_segments(df: DataFrame, segments: str, segment_by: list[str],
     """The rows of ``df`` whose segment is listed in ``segments`` (``source.segments``: a
     table or path with the segment columns; a null key matches a null key; with
     ``statuses``: a monitoring table or run, whose segments in those statuses)."""
-    from functools import reduce
-
     spark = spark or df.sparkSession
     listed = (monitored_segments(segments, statuses, spark) if statuses
               else read_source(source_of(segments), spark))
@@ -130,10 +128,21 @@ def only_segments(df: DataFrame, segments: str, segment_by: list[str],
         raise DataError(
             f"source.segments {segments!r} has no column(s) {missing}: it lists segments "
             f"by the segment columns {segment_by} (it has {listed.columns})")
-    keys = listed.select(*[listed[c].alias(f"__listed_{c}") for c in segment_by]).distinct()
-    same = reduce(lambda a, b: a & b, [df[c].eqNullSafe(keys[f"__listed_{c}"])
-                                       for c in segment_by])
-    return df.join(keys, on=same, how="left_semi")
+    return join_on_segments(df, listed.select(*segment_by).distinct(), segment_by,
+                            "left_semi")
+
+
+def join_on_segments(left: DataFrame, right: DataFrame, segment_by: list[str], how: str
+                     ) -> DataFrame:
+    """``left`` joined with ``right`` (``how``: Spark's join types) on the segment columns,
+    a null key matching a null key; the segment columns are ``left``'s, once."""
+    from functools import reduce
+
+    keys = {c: f"__right_{c}" for c in segment_by}
+    renamed = right.select(*[right[c].alias(keys[c]) for c in segment_by],
+                           *[right[c] for c in right.columns if c not in keys])
+    same = reduce(lambda a, b: a & b, [left[c].eqNullSafe(renamed[k]) for c, k in keys.items()])
+    return left.join(renamed, on=same, how=how).drop(*keys.values())
 
 
 #: An MLflow run id (what ``raybricks monitor`` prints), as opposed to a table or path.

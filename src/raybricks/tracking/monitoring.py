@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from raybricks.tracking.target import BY_ALIAS, BY_NUMBER
+
 if TYPE_CHECKING:
     import pandas as pd
 
@@ -47,9 +49,9 @@ def experiment_of(model_uri: str) -> str | None:
     client = MlflowClient()
     try:
         run_id = None
-        if found := re.fullmatch(r"models:/(.+)@([^@/]+)", model_uri):
+        if found := BY_ALIAS.fullmatch(model_uri):
             run_id = client.get_model_version_by_alias(*found.groups()).run_id
-        elif found := re.fullmatch(r"models:/(.+)/(\d+)", model_uri):
+        elif found := BY_NUMBER.fullmatch(model_uri):
             run_id = client.get_model_version(*found.groups()).run_id
         elif found := re.match(r"runs:/([^/]+)/", model_uri):
             run_id = found.group(1)

@@ -5,12 +5,18 @@ registry-name check made before any work starts."""
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from raybricks.config import JobConfig
 from raybricks.databricks import in_databricks_runtime
 from raybricks.errors import ConfigError
+
+#: A registered model's version by alias (``models:/NAME@ALIAS``: name, alias) and by
+#: number (``models:/NAME/N``: name, number).
+BY_ALIAS = re.compile(r"models:/(.+)@([^@/]+)")
+BY_NUMBER = re.compile(r"models:/(.+)/(\d+)")
 
 
 @dataclass
