@@ -35,7 +35,8 @@ import numpy as np
 
 from raybricks import console, metrics, profiles
 from raybricks.errors import ConfigError, DataError
-from raybricks.segmented_model import CLASSIFICATION
+from raybricks.kinds.baseline import BaselineKind
+from raybricks.segmented_model import CLASSIFICATION, DEFAULT_CACHE_SEGMENTS
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -210,9 +211,7 @@ class Judge:
         naive = np.asarray(stored["naive"], dtype="float64")
         if steps is not None:
             return naive[(steps - 1) % len(naive)]
-        if self.manifest["task"] in CLASSIFICATION:
-            return np.tile(naive, (rows, 1))
-        return np.full(rows, naive[0])
+        return BaselineKind.constant(naive, rows, self.manifest["task"])
 
     def verdict(self, found: dict[str, Any], status_in_model: str | None, y: np.ndarray,
                 predicted: np.ndarray, baseline: np.ndarray | None,
@@ -233,7 +232,7 @@ class Judge:
                                       (stored or {}).get("validation_rows")):
             status = DEGRADED
             reasons.append(f"realized {name} {realized:.4g} against {validation:.4g} in "
-                           f"validation ({_change(metric, realized, validation)})")
+                           f"validation ({_change(realized, validation)})")
         if baseline is not None and metric.clearly_better(
                 y, baseline, predicted, _z(limits.alpha)):
             status = DEGRADED
@@ -286,7 +285,7 @@ def _text(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.4g}"
 
 
-def _change(metric: metrics.Metric, realized: float, validation: float) -> str:
+def _change(realized: float, validation: float) -> str:
     if not validation:
         return "worse"
     return f"{abs(realized - validation) / abs(validation):.0%} worse"
@@ -321,13 +320,16 @@ def measure_partitions(judge: Judge, segment_by: list[str], has_period: bool):
 
     columns = [*segment_by, "period", *[f.name for f in output_schema([]).fields]]
 
-    def judged(frame: pd.DataFrame) -> pd.DataFrame:
+    def segment_codes(frame: pd.DataFrame) -> np.ndarray:
+        return frame[segment_by].groupby(segment_by, dropna=False, sort=False
+                                         ).ngroup().to_numpy()
+
+    def judged(frame: pd.DataFrame, codes: np.ndarray) -> pd.DataFrame:
         """Every segment (and period) of ``frame``, whose segments are consecutive runs
-        of rows: its columns as arrays once, each segment's a slice of them."""
+        of rows (``codes``: each row's segment): its columns as arrays once, each
+        segment's a slice of them."""
         out = []
         arrays = {c: frame[c].to_numpy() for c in frame.columns}
-        codes = frame[segment_by].groupby(segment_by, dropna=False, sort=False
-                                          ).ngroup().to_numpy()
         starts = np.flatnonzero(np.r_[True, codes[1:] != codes[:-1]])
         for start, end in zip(starts, [*starts[1:], len(codes)], strict=True):
             keys = {k: arrays[k][start] for k in segment_by}
@@ -342,14 +344,13 @@ def measure_partitions(judge: Judge, segment_by: list[str], has_period: bool):
             frame = batch if carry is None else pd.concat([carry, batch], ignore_index=True)
             if not len(frame):
                 continue
-            codes = frame[segment_by].groupby(segment_by, dropna=False, sort=False
-                                              ).ngroup().to_numpy()
+            codes = segment_codes(frame)
             last = int(np.argmax(codes == codes[-1]))  # where the last segment starts
             carry = frame.iloc[last:].reset_index(drop=True)
             if last:
-                yield judged(frame.iloc[:last])
+                yield judged(frame.iloc[:last], codes[:last])
         if carry is not None and len(carry):
-            yield judged(carry)
+            yield judged(carry, segment_codes(carry))
 
     return measure
 
@@ -368,7 +369,6 @@ class Measured:
     segment_by: list[str]
     metric: str
     forecast: bool
-    seconds: float = 0.0
 
 
 def index_frame(spark: SparkSession, archive: str, directory: Path, columns: list[str]
@@ -432,15 +432,13 @@ def measure(model_uri: str, outcomes: str | DataFrame, spark: SparkSession, *,
             partitions: int | None = None) -> Measured:
     """The monitoring table of ``outcomes`` (a table, path or DataFrame) under the model
     at ``model_uri`` (lazy: one Spark job when written)."""
-    from functools import reduce
-
     from pyspark.sql import functions as F
 
     from raybricks.data import lay_out_by_segment
     from raybricks.scoring import _score, fetch_model, key_types, model_version_of, ship_segments
-    from raybricks.sources import read_source, source_of
+    from raybricks.sources import join_on_segments, read_source, source_of
 
-    start = time.perf_counter()
+    start = time.perf_counter()  # the scoring summary's clock
     thresholds = thresholds or Thresholds()
     with console.stage("model", says=f"model: {model_uri} from the registry"):
         local, manifest = fetch_model(model_uri)
@@ -467,51 +465,45 @@ def measure(model_uri: str, outcomes: str | DataFrame, spark: SparkSession, *,
     archive = ship_segments(spark, directory)
     index = index_frame(spark, archive, directory,
                         [*segment_by, "status", "metric", "baseline", "profile"])
-    renamed = index.select(*[F.col(k).alias(f"_key{i}") for i, k in enumerate(segment_by)],
-                           F.col("status").alias("_model_status"),
-                           F.col("metric").alias("_validation"),
-                           F.col("baseline").alias("_validation_baseline"),
-                           F.col("profile").alias("_profile"))
-    same = reduce(lambda a, b: a & b, [df[k].eqNullSafe(renamed[f"_key{i}"])
-                                       for i, k in enumerate(segment_by)])
-    joined = df.join(renamed, same, "left").drop(*[f"_key{i}" for i in range(len(segment_by))])
-    if period is not None:
-        joined = joined.withColumn("_period", F.date_format(
-            F.date_trunc(period, F.col(time_column)), "yyyy-MM-dd"))
+    latest = None
+    if period is not None:  # on the outcomes alone: no join for the latest period
+        df = df.withColumn("_period", F.date_format(F.date_trunc(period, F.col(time_column)),
+                                                    "yyyy-MM-dd"))
+        latest = df.agg(F.max("_period")).first()[0]
+    stored = index.select(*segment_by, F.col("status").alias("_model_status"),
+                          F.col("metric").alias("_validation"),
+                          F.col("baseline").alias("_validation_baseline"),
+                          F.col("profile").alias("_profile"))
+    joined = join_on_segments(df, stored, segment_by, "left")
     if predicted:
         laid = lay_out_by_segment(joined, segment_by, partitions)
     else:
         laid = _score(model_uri, local, manifest, joined, None, spark,
-                      manifest["task"] in CLASSIFICATION, 2048, partitions,
-                      start)
+                      manifest["task"] in CLASSIFICATION, DEFAULT_CACHE_SEGMENTS,
+                      partitions, start)
     judge = Judge(manifest, thresholds, target, predictions, version)
     keys = key_types(directory, segment_by)
     measured = laid.mapInPandas(measure_partitions(judge, segment_by, period is not None),
                                 output_schema(keys))
-    latest = None
-    if period is not None:
-        latest = joined.agg(F.max("_period")).first()[0]
-    silent = silent_segments(index, joined, segment_by, latest, manifest, version, keys)
+    silent = silent_segments(index, df, segment_by, latest, manifest, version, keys)
     return Measured(measured.unionByName(silent), latest, version, segment_by,
-                    manifest["metric"], bool(spec), time.perf_counter() - start)
+                    manifest["metric"], bool(spec))
 
 
-def silent_segments(index: DataFrame, joined: DataFrame, segment_by: list[str],
+def silent_segments(index: DataFrame, outcomes: DataFrame, segment_by: list[str],
                     latest: str | None, manifest: dict, version: str | None, keys: list
                     ) -> DataFrame:
     """The model's segments without a row in the latest period (every row, without
-    periods), as monitoring rows of status ``silent`` (the reason: the last period they
-    had rows in, if any)."""
+    periods) of ``outcomes``, as monitoring rows of status ``silent`` (the reason: the
+    last period they had rows in, if any)."""
     from pyspark.sql import functions as F
 
-    seen = joined.select(*segment_by, *(["_period"] if latest is not None else [])) \
-        .groupBy(*segment_by).agg(
-            (F.max("_period") if latest is not None else F.lit(None).cast("string"))
-            .alias("_last_seen"), F.lit(True).alias("_seen"))
-    cond = [index[k].eqNullSafe(seen[k]) for k in segment_by]
-    from functools import reduce
+    from raybricks.sources import join_on_segments
 
-    both = index.join(seen, reduce(lambda a, b: a & b, cond), "left")
+    seen = outcomes.groupBy(*segment_by).agg(
+        (F.max("_period") if latest is not None else F.lit(None).cast("string"))
+        .alias("_last_seen"), F.lit(True).alias("_seen"))
+    both = join_on_segments(index, seen, segment_by, "left")
     quiet = ~F.coalesce(F.col("_seen"), F.lit(False))
     if latest is not None:
         quiet = quiet | (F.col("_last_seen") < F.lit(latest))
@@ -522,10 +514,10 @@ def silent_segments(index: DataFrame, joined: DataFrame, segment_by: list[str],
     schema = output_schema(keys)
     values = {"period": F.lit(latest).cast("string"), "rows": F.lit(0).cast("long"),
               "scored_rows": F.lit(0).cast("long"), "metric": F.lit(manifest["metric"]),
-              "validation": index["metric"], "validation_baseline": index["baseline"],
-              "model_status": index["status"], "status": F.lit(SILENT), "reason": why,
+              "validation": F.col("metric"), "validation_baseline": F.col("baseline"),
+              "model_status": F.col("status"), "status": F.lit(SILENT), "reason": why,
               "model_version": F.lit(version).cast("string")}
-    columns = [index[k] for k in segment_by] + [
+    columns = [F.col(k) for k in segment_by] + [
         values.get(f.name, F.lit(None).cast(f.dataType)).alias(f.name)
         for f in schema.fields[len(segment_by):]]
     return both.where(quiet).select(*columns)

@@ -20,6 +20,7 @@ from raybricks import kinds, metrics, profiles
 from raybricks.config import CandidateConfig
 from raybricks.kinds import CLASSIFICATION, ModelKind, filled_input, prepare_features
 from raybricks.kinds.base import MemberMeta, member_meta
+from raybricks.kinds.baseline import BaselineKind
 from raybricks.segmented_model import align_classes
 from raybricks.training import recipe
 from raybricks.training.plan import GLOBAL, Plan, global_models, on_device, stable_seed
@@ -297,19 +298,21 @@ def split_groups(prep: Prepared) -> np.ndarray | None:
     return np.concatenate([np.full(len(valid), i) for i, (_, valid) in enumerate(prep.splits)])
 
 
+def naive_values(y: np.ndarray, plan: Plan, classes: int) -> np.ndarray:
+    """What the naive baseline fitted on targets ``y`` predicts: their mean (their last
+    value, time-ordered), or the frequencies of the ``classes`` class codes."""
+    if plan.task in CLASSIFICATION:
+        return np.bincount(y, minlength=classes) / len(y)
+    return np.array([y[-1] if plan.method == "time" else y.mean()], dtype="float64")
+
+
 def baseline(prep: Prepared, plan: Plan) -> np.ndarray:
     """Naive predictions for the validation rows: the training mean (or the last value,
     time-ordered), or the training class frequencies."""
-    parts = []
-    for train, valid in prep.splits:
-        y = prep.y[train]
-        if plan.task in CLASSIFICATION:
-            freq = np.bincount(y, minlength=len(prep.meta["classes"])) / len(y)
-            parts.append(np.tile(freq, (len(valid), 1)))
-        else:
-            value = y[-1] if plan.method == "time" else y.mean()
-            parts.append(np.full(len(valid), value))
-    return np.concatenate(parts)
+    classes = len(prep.meta.get("classes") or [])
+    return np.concatenate([
+        BaselineKind.constant(naive_values(prep.y[train], plan, classes), len(valid),
+                              plan.task) for train, valid in prep.splits])
 
 
 def segment_profile(prep: Prepared, plan: Plan) -> dict[str, Any]:
@@ -317,17 +320,9 @@ def segment_profile(prep: Prepared, plan: Plan) -> dict[str, Any]:
     (``raybricks.profiles``)."""
     categorical = list(prep.meta["categorical"])
     numeric = [c for c in plan.features if c not in prep.meta["categorical"]]
+    naive = naive_values(prep.y, plan, len(prep.meta.get("classes") or []))
     return profiles.profile(prep.values, numeric, prep.X if categorical else None,
-                            categorical, naive_prediction(prep, plan),
-                            len(validation_rows(prep)))
-
-
-def naive_prediction(prep: Prepared, plan: Plan) -> list[float]:
-    """What the naive baseline fitted on all the segment's rows predicts: its mean (its
-    last value, time-ordered), or its class frequencies."""
-    if plan.task in CLASSIFICATION:
-        return (np.bincount(prep.y, minlength=len(prep.meta["classes"])) / prep.n_rows).tolist()
-    return [float(prep.y[-1] if plan.method == "time" else prep.y.mean())]
+                            categorical, naive.tolist(), len(validation_rows(prep)))
 
 
 def _fit_split(prep: Prepared, kind: ModelKind, params, train, plan: Plan, seed: int):
