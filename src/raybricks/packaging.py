@@ -464,12 +464,12 @@ def _merged_parts(directory: Path, taken: np.ndarray, label: str, segment_by: li
                                pa.repeat(pa.scalar(label, pa.string()), rows.num_rows))
         if "profile" not in rows.column_names:  # a model from before profiles
             rows = rows.append_column("profile", pa.nulls(rows.num_rows, pa.string()))
-        places = rows.select(["shard", "row_group"]).group_by(["shard", "row_group"]
-                                                              ).aggregate([])
-        for shard, group in sorted(zip(places.column("shard").to_pylist(),
-                                       places.column("row_group").to_pylist(), strict=True)):
-            here = rows.filter(pc.and_(pc.equal(rows.column("shard"), shard),
-                                       pc.equal(rows.column("row_group"), group)))
+        place = ["shard", "row_group"]
+        rows = rows.sort_by([(c, "ascending") for c in place])  # stable: index order within
+        starts = segment_starts(rows, place)  # one run per shard row group
+        for start, end in zip(starts, [*starts[1:], rows.num_rows], strict=True):
+            here = rows.slice(start, end - start)
+            shard, group = here.column("shard")[0].as_py(), here.column("row_group")[0].as_py()
             if shard < 0 or schema is None:
                 yield here.select(columns), pa.table({})
                 continue
