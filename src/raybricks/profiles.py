@@ -42,13 +42,13 @@ def _cuts(bins: int) -> tuple[float, ...]:
     return tuple(np.linspace(0, 1, bins + 1)[1:-1].tolist())
 
 
-def numeric_profile(values: np.ndarray, ordered: np.ndarray | None = None) -> dict[str, Any]:
+def numeric_profile(values: np.ndarray) -> dict[str, Any]:
     """A numeric feature's training values (NaN: missing) as quantile ``edges`` and the
     ``shares`` of rows in each bin (``numeric_bins``), the last share being the missing
-    values'. ``ordered``: the values sorted (NaN last), if the caller has them. Plain
-    Python on the sorted values: a segment has a few dozen rows, where numpy's per-call
-    cost would dominate (this runs once per feature of every segment trained)."""
-    ordered = np.sort(values) if ordered is None else ordered
+    values'. Plain Python on the sorted values: a segment has a few dozen rows, where
+    numpy's per-call cost would dominate (this runs once per feature of every segment
+    trained)."""
+    ordered = np.sort(values)  # NaN last
     rows = len(ordered)
     present = rows - int(np.count_nonzero(ordered != ordered))
     if not present:
@@ -117,9 +117,8 @@ def profile(values: np.ndarray | None, numeric: list[str], frame: pd.DataFrame |
     the ``categorical`` columns of ``frame``, its ``naive`` prediction and how many
     rows its validation metric was measured on (what its noise depends on)."""
     features: dict[str, Any] = {}
-    ordered = np.sort(values, axis=0) if numeric else None  # every column at once
     for position, name in enumerate(numeric):
-        features[name] = numeric_profile(values[:, position], ordered[:, position])
+        features[name] = numeric_profile(values[:, position])
     for name in categorical:
         features[name] = categorical_profile(frame[name])
     rows = len(values) if values is not None else len(frame) if frame is not None else 0
