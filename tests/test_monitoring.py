@@ -162,7 +162,7 @@ def test_monitoring_flags_what_changed_and_the_retrain_fixes_it(ray_on_spark, sp
     retrained = pipeline.train(retrain, spark)
     assert set(retrained.result.segments.store) == {"s2", "s9"}
     assert retrained.publication.decision["segments_from"] == {
-        f"version {first.version}": 10, f"version {retrained.publication.version}": 2}
+        f"version {first.version}": 10, f"run {retrained.publication.run_id}": 2}
     description = mlflow.MlflowClient().get_model_version(
         name, retrained.publication.champion_version).description
     assert f"degraded or new in monitoring {run_id}" in description

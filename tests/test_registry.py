@@ -385,13 +385,15 @@ def test_retraining_listed_segments_replaces_only_those(ray_on_spark, spark, tmp
     assert set(report.result.segments.store) == {"s2", "s9"}  # "gone" has no rows
     second = report.publication
     assert second.decision["decision"] == "merged" and second.decision["rule"] == "replace"
+    # one version: the merged one (the run's own model of two stores stays in its run)
+    assert second.version == second.champion_version
     assert second.decision["segments_from"] == {f"version {first.version}": 10,
-                                                f"version {second.version}": 2}
+                                                f"run {second.run_id}": 2}
     champion = mlflow.artifacts.download_artifacts(f"models:/{name}/{first.version}",
                                                    dst_path=str(tmp_path / "old"))
     merged = mlflow.artifacts.download_artifacts(f"models:/{name}@champion",
                                                  dst_path=str(tmp_path / "new"))
-    run = mlflow.artifacts.download_artifacts(f"models:/{name}/{second.version}",
+    run = mlflow.artifacts.download_artifacts(second.model_uri,
                                               dst_path=str(tmp_path / "run"))
     old, new, ran = (members_by_store(Path(d) / "artifacts" / "segments")
                      for d in (champion, merged, run))
@@ -575,3 +577,93 @@ def test_merged_model_keeps_the_library_versions_of_both_models(shops_result, tm
     problem = library_version_problem(merged, "models:/m/1")
     assert f"scikit-learn {' and '.join(both)} (installed here: " in problem
     assert "get_model_dependencies('models:/m/1')" in problem
+
+
+def answers(model_uri: str, frame: pd.DataFrame) -> dict[str, np.ndarray]:
+    """What a registered version answers for each store's rows of ``frame`` (plain MLflow)."""
+    import mlflow
+
+    predicted = np.asarray(mlflow.pyfunc.load_model(model_uri).predict(frame), dtype=float)
+    return {store: predicted[(frame.store == store).to_numpy()]
+            for store in frame.store.unique()}
+
+
+def globals_of(model_uri: str, tmp_path: Path) -> tuple[dict, pd.DataFrame, pd.DataFrame]:
+    """A registered version's manifest, index and global models."""
+    import mlflow
+
+    here = Path(mlflow.artifacts.download_artifacts(model_uri, dst_path=str(tmp_path)))
+    segments = here / "artifacts" / "segments"
+    return (json.loads((segments / "manifest.json").read_text()),
+            pd.read_parquet(segments / "index.parquet"),
+            pd.read_parquet(segments / "fallback.parquet"))
+
+
+@pytest.mark.topology
+def test_a_retrain_with_the_global_model_keeps_every_untouched_answer(
+        ray_on_spark, spark, tmp_path):
+    """The demo's settings (``fallback: global``, the default shrink and selection): a
+    retrain of two stores keeps the champion's global model (``global_model: keep``),
+    so every other store, the skipped ones and a never-seen key answer exactly as
+    before; with ``global_model: refit`` the new global model, fitted on the whole
+    source, serves the retrained stores and unseen keys, and the champion's stores still
+    answer with theirs. A retrain registers one version, the merged one."""
+    from mlflow import MlflowClient
+
+    from raybricks import pipeline
+
+    name = "tests.gate.global_retrain"
+    data = helpers.shops()
+    data.to_parquet(tmp_path / "shops.parquet")
+    settings = {"models": STRONG, "fallback": "global", "registry": {"name": name}}
+    first = pipeline.train(job(tmp_path / "runs", source={
+        "path": str(tmp_path / "shops.parquet")}, **settings), spark).publication
+    _, index, _ = globals_of(f"models:/{name}/{first.version}", tmp_path / "first")
+    chosen = index.set_index("store").chosen
+    # the champion's stores depend on its global model: blended (the default shrink)
+    # or served by it (skipped)
+    assert chosen.str.contains("global").sum() >= 6, chosen
+    assert (index.status == "skipped").sum() >= 1
+    frame = pd.concat([data.drop(columns="y"),
+                       data[data.store == "s0"].drop(columns="y").head(5).assign(
+                           store="never-seen")], ignore_index=True)
+    before = answers(f"models:/{name}@champion", frame)
+    # later: store s2's world changed, and a new store s9 opened
+    later = data.copy()
+    later.loc[later.store == "s2", "y"] *= -1
+    later = pd.concat([later, data[data.store == "s0"].assign(store="s9")])
+    later.to_parquet(tmp_path / "later.parquet")
+    pd.DataFrame({"store": ["s2", "s9"]}).to_parquet(tmp_path / "retrain.parquet")
+    retrain = {"source": {"path": str(tmp_path / "later.parquet"),
+                          "segments": str(tmp_path / "retrain.parquet")}} | settings
+    versions = len(MlflowClient().search_model_versions(f"name = '{name}'"))
+    kept = pipeline.train(job(tmp_path / "runs", **retrain), spark).publication
+    assert kept.decision["decision"] == "merged"
+    # one version users see: the merged one, both aliases on it
+    assert len(MlflowClient().search_model_versions(f"name = '{name}'")) == versions + 1
+    assert kept.version == kept.champion_version
+    after = answers(f"models:/{name}@champion", frame)
+    for store in set(before) - {"s2"}:
+        np.testing.assert_array_equal(after[store], before[store], err_msg=store)
+    rows = later[later.store == "s2"]
+    assert np.corrcoef(answers(f"models:/{name}@champion", rows.drop(columns="y"))["s2"],
+                       rows.y)[0, 1] > 0.9  # the retrained store follows its new world
+    manifest, index, globals_ = globals_of(f"models:/{name}@champion", tmp_path / "kept")
+    assert manifest["format_version"] == 2
+    assert set(globals_["global"]) == set(index["global"]) == {manifest["global_model"]}
+    description = MlflowClient().get_model_version(name, kept.version).description
+    assert "global_model: keep" in description
+
+    refit = job(tmp_path / "runs", **retrain, global_model="refit")
+    again = pipeline.train(refit, spark).publication
+    refitted = answers(f"models:/{name}@champion", frame)
+    for store in set(before) - {"s2", "s9", "never-seen"}:
+        np.testing.assert_array_equal(refitted[store], before[store], err_msg=store)
+    manifest, index, globals_ = globals_of(f"models:/{name}@champion", tmp_path / "refit")
+    new_global = manifest["global_model"]
+    assert len(set(globals_["global"])) == 2 and new_global in set(globals_["global"])
+    served = index.set_index("store")["global"]
+    assert served["s2"] == served["s9"] == new_global != served["s0"]
+    assert not np.allclose(refitted["never-seen"], before["never-seen"])
+    description = MlflowClient().get_model_version(name, again.version).description
+    assert "global_model: refit" in description

@@ -27,6 +27,8 @@ from raybricks.console import say
 
 #: Where verbs other than ``train`` keep their log files.
 LOG_DIR = Path(".raybricks/logs")
+#: The ``--model`` of the verbs that read a registered model.
+MODEL_HELP = "models:/NAME@ALIAS (an alias) or models:/NAME/VERSION (a version)"
 #: The exit code of a run stopped by Ctrl-C (128 + SIGINT, as shells report it).
 INTERRUPTED = 130
 
@@ -45,6 +47,11 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--statuses", default="degraded,new", metavar="S1,S2",
                         help="with --segments-from-monitor: the statuses to retrain "
                              "(default: degraded,new)")
+    parser.add_argument("--global-model", choices=["keep", "refit"], default=None,
+                        help="with --segments or --segments-from-monitor and fallback: "
+                             "global: keep the champion's global model (the default; the "
+                             "retrained segments blend with it) or refit it on the whole "
+                             "source: --set global_model=...")
 
 
 def overrides(args: argparse.Namespace) -> list[str]:
@@ -54,7 +61,8 @@ def overrides(args: argparse.Namespace) -> list[str]:
         from raybricks.errors import ConfigError
 
         raise ConfigError("give --segments or --segments-from-monitor, not both")
-    found = [*args.set, *([f"source.segments={args.segments}"] if args.segments else [])]
+    found = [*args.set, *([f"source.segments={args.segments}"] if args.segments else []),
+             *([f"global_model={args.global_model}"] if args.global_model else [])]
     if args.segments_from_monitor:
         statuses = json.dumps([s.strip() for s in args.statuses.split(",") if s.strip()])
         found += [f"source.segments={args.segments_from_monitor}",
@@ -131,7 +139,7 @@ def run_validate(args: argparse.Namespace) -> int:
 
 
 def add_score_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", required=True, help="models:/NAME@ALIAS")
+    parser.add_argument("--model", required=True, help=MODEL_HELP)
     parser.add_argument("--input", required=True, help="table name or path")
     parser.add_argument("--output", required=True, help="table name or path")
     parser.add_argument("--probabilities", action="store_true",
@@ -156,7 +164,7 @@ def run_score(args: argparse.Namespace) -> int:
 
 
 def add_forecast_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", required=True, help="models:/NAME@ALIAS")
+    parser.add_argument("--model", required=True, help=MODEL_HELP)
     parser.add_argument("--output", required=True, help="table name or path")
     parser.add_argument("--horizon", type=int, default=None,
                         help="periods per segment (default: the model's horizon)")
@@ -179,7 +187,7 @@ def add_monitor_arguments(parser: argparse.ArgumentParser) -> None:
     from raybricks.monitoring import PERIODS, Thresholds
 
     defaults = Thresholds()
-    parser.add_argument("--model", required=True, help="models:/NAME@ALIAS")
+    parser.add_argument("--model", required=True, help=MODEL_HELP)
     parser.add_argument("--outcomes", required=True,
                         help="table or path of realized outcomes: the segment columns, the "
                              "actual target and the model's predictions (or the features: "

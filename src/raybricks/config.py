@@ -576,6 +576,10 @@ class JobConfig(StrictModel):
     refit: bool = True
     min_rows: int = 30
     fallback: Literal["global", "none"] = "none"
+    # a retrain of listed segments (source.segments): the champion's global model is
+    # kept (the retrained segments compare and blend with it) or refitted on the whole
+    # source; docs/operations.md
+    global_model: Literal["keep", "refit"] = "keep"
     selection: Literal["all", "local_only"] = "all"  # task forecast: local_only
     global_segment_features: bool = False
     seed: int = 42

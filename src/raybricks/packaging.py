@@ -29,10 +29,12 @@ from raybricks.results import TrainingResult, float_values, part_files, rows_to_
 from raybricks.segmented_model import (
     CLASSIFICATION,
     FALLBACK,
+    GLOBAL,
     INDEX,
     MANIFEST,
     RECONCILIATION,
     SHARDS,
+    default_global,
     installed_version,
     locations,
     null_safe_join,
@@ -40,12 +42,15 @@ from raybricks.segmented_model import (
     trained_versions,
 )
 
-FORMAT_VERSION = 1
+#: 2: a version may hold several global models (``fallback.parquet``'s ``global``
+#: column); each index row names the one its segment was trained with (``global``).
+FORMAT_VERSION = 2
 SEGMENTS_PER_ROW_GROUP = 256
 SEGMENTS_PER_SHARD = 20_000
 #: Index rows per row group at least (a merge yields a few hundred segments at a time).
 INDEX_ROWS_PER_GROUP = 65_536
-INDEX_COLUMNS = ("status", "reason", "metric", "baseline", "chosen", "source", "profile")
+INDEX_COLUMNS = ("status", "reason", "metric", "baseline", "chosen", "source", "profile",
+                 GLOBAL)
 
 
 @dataclass
@@ -64,8 +69,10 @@ class Packaged:
 
 def package_result(result: TrainingResult, directory: Path, source: str = "") -> Packaged:
     """Write a training run's models as a segmented model directory, one part of the run
-    at a time (the driver never holds every segment's row or member at once)."""
-    fallback = rows_to_table(result.fallback) if result.fallback else None
+    at a time (the driver never holds every segment's row or member at once). Every
+    segment refers to the run's global model (``result.global_id``), if it has one."""
+    name = result.global_name if result.fallback else None
+    fallback = named_global(rows_to_table(result.fallback), name) if name else None
     manifest = {
         "format_version": FORMAT_VERSION,
         "segment_by": result.segment_by,
@@ -76,11 +83,21 @@ def package_result(result: TrainingResult, directory: Path, source: str = "") ->
         "time_column": result.time_column,
         "training_run": result.run_id,
         "forecast": result.forecast,
+        "global_model": name,
     } | ({} if result.task in CLASSIFICATION else {"classes": None})
-    return write_segments(directory, manifest, run_parts(result, source), fallback)
+    return write_segments(directory, manifest, run_parts(result, source, name), fallback)
 
 
-def run_parts(result: TrainingResult, source: str) -> Iterator[tuple[pa.Table, pa.Table]]:
+def named_global(members: pa.Table, name: str) -> pa.Table:
+    """A global model's member rows, each naming the model (``global``)."""
+    if GLOBAL in members.column_names:
+        members = members.drop_columns([GLOBAL])
+    return members.append_column(GLOBAL, pa.repeat(pa.scalar(name, pa.string()),
+                                                   members.num_rows))
+
+
+def run_parts(result: TrainingResult, source: str, global_name: str | None = None
+              ) -> Iterator[tuple[pa.Table, pa.Table]]:
     """Per results part of the run: its index rows and the members of its models part
     (of the same name). A models part without its results part (its task stopped between
     the two writes) is left out: its segments have no result, so a resumed run trained
@@ -99,6 +116,7 @@ def run_parts(result: TrainingResult, source: str) -> Iterator[tuple[pa.Table, p
             "chosen": _string_column(results, "chosen"),
             "source": pa.repeat(pa.scalar(source, pa.string()), results.num_rows),
             "profile": _string_column(results, "profile"),
+            GLOBAL: pa.repeat(pa.scalar(global_name, pa.string()), results.num_rows),
         })
         models = result.run_dir / "models" / file.name
         members = pq.read_table(models) if models.exists() else pa.table({})
@@ -391,21 +409,65 @@ def merge_segments(
     keep_old, take_new = from_champion(read_index(challenger, wanted),
                                        read_index(champion, wanted), segment_by, metric,
                                        replace)
-    fallback_path = Path(challenger) / FALLBACK
-    fallback = pq.read_table(fallback_path) if fallback_path.exists() else None
+    defaults = default_global(manifest), default_global(old_manifest)
+    default = defaults[0] if defaults[0] is not None else defaults[1]
+    fallback = merged_globals((Path(challenger), Path(champion)), (manifest, old_manifest),
+                              (take_new, keep_old), default)
     classes = set(manifest.get("classes") or []) | set(old_manifest.get("classes") or [])
     manifest = manifest | {"classes": sorted_classes(dict.fromkeys(classes))
                            if manifest.get("classes") is not None else None,
                            "merged_from": list(labels),
+                           "format_version": FORMAT_VERSION,
+                           "global_model": default,
                            "libraries": _merged_libraries(
                                manifest.get("libraries"),
                                old_manifest.get("libraries") if keep_old.any() else None)}
     files = [f for d in (challenger, champion) for f in sorted(Path(d).glob(SHARDS))]
     schema = pa.unify_schemas([pq.read_schema(f) for f in files]) if files else None
     parts = itertools.chain(
-        _merged_parts(Path(challenger), take_new, labels[0], segment_by, schema),
-        _merged_parts(Path(champion), keep_old, labels[1], segment_by, schema))
+        _merged_parts(Path(challenger), take_new, labels[0], segment_by, schema, defaults[0]),
+        _merged_parts(Path(champion), keep_old, labels[1], segment_by, schema, defaults[1]))
     return write_segments(directory, manifest, parts, fallback)
+
+
+def referred_globals(directory: Path, taken: np.ndarray, default: str | None) -> set[str]:
+    """The global models the rows a merge takes from a model (``taken``, a mask over its
+    index rows) refer to (a format-1 model's rows: its one global model)."""
+    if not taken.any():
+        return set()
+    if GLOBAL not in pq.read_schema(Path(directory) / INDEX).names:
+        return {default} if default is not None else set()
+    names = read_index(directory, [GLOBAL]).column(GLOBAL).to_numpy(zero_copy_only=False)
+    return {name for name in set(names[taken]) if name is not None}
+
+
+def merged_globals(directories: tuple[Path, Path], manifests: tuple[dict, dict],
+                   taken: tuple[np.ndarray, np.ndarray], default: str | None
+                   ) -> pa.Table | None:
+    """The global models of a merge: every one a taken segment refers to, and the
+    ``default`` (which answers keys neither model saw); each once, the challenger's
+    copy first."""
+    wanted = {default} - {None}
+    for directory, manifest, mask in zip(directories, manifests, taken, strict=True):
+        wanted |= referred_globals(directory, mask, default_global(manifest))
+    tables, kept = [], set()
+    for directory, manifest in zip(directories, manifests, strict=True):
+        path = directory / FALLBACK
+        if not path.exists():
+            continue
+        table = pq.read_table(path)
+        if GLOBAL not in table.column_names:
+            table = named_global(table, default_global(manifest) or "global")
+        names = table.column(GLOBAL).to_pylist()
+        rows = [i for i, name in enumerate(names) if name in wanted - kept]
+        kept |= {names[i] for i in rows}
+        if rows:
+            tables.append(table.take(rows))
+    missing = wanted - kept
+    if missing:
+        raise ValueError(f"cannot merge: segments refer to global model(s) {sorted(missing)} "
+                         "that neither model holds")
+    return pa.concat_tables(tables, promote_options="permissive") if tables else None
 
 
 def from_champion(new_index: pa.Table, old_index: pa.Table, segment_by: list[str],
@@ -444,11 +506,13 @@ def from_champion(new_index: pa.Table, old_index: pa.Table, segment_by: list[str
 
 
 def _merged_parts(directory: Path, taken: np.ndarray, label: str, segment_by: list[str],
-                  schema: pa.Schema | None) -> Iterator[tuple[pa.Table, pa.Table]]:
+                  schema: pa.Schema | None, default: str | None
+                  ) -> Iterator[tuple[pa.Table, pa.Table]]:
     """(index rows, members) of the rows a merge takes from one model (``taken``: a mask
-    over its index rows, labelled ``label`` in ``source``), one index row group and one
-    shard row group at a time: the driver never holds the model's whole index or a whole
-    shard (a few hundred segments' members at once)."""
+    over its index rows, labelled ``label`` in ``source``; ``default``: its global model,
+    which rows of a format-1 model refer to), one index row group and one shard row group
+    at a time: the driver never holds the model's whole index or a whole shard (a few
+    hundred segments' members at once)."""
     index = pq.ParquetFile(directory / INDEX)
     columns = [*segment_by, *INDEX_COLUMNS]
     shards: dict[int, pq.ParquetFile] = {}
@@ -464,6 +528,9 @@ def _merged_parts(directory: Path, taken: np.ndarray, label: str, segment_by: li
                                pa.repeat(pa.scalar(label, pa.string()), rows.num_rows))
         if "profile" not in rows.column_names:  # a model from before profiles
             rows = rows.append_column("profile", pa.nulls(rows.num_rows, pa.string()))
+        if GLOBAL not in rows.column_names:  # format 1: its one global model
+            rows = rows.append_column(GLOBAL, pa.repeat(pa.scalar(default, pa.string()),
+                                                        rows.num_rows))
         place = ["shard", "row_group"]
         rows = rows.sort_by([(c, "ascending") for c in place])  # stable: index order within
         starts = segment_starts(rows, place)  # one run per shard row group

@@ -31,6 +31,7 @@ from raybricks.session import require_spark_context
 from raybricks.sources import only_segments, read_source, segment_files, source_of
 from raybricks.training import TrainingResult, train_segments
 from raybricks.training.engine import with_run_id
+from raybricks.training.plan import GivenGlobal
 from raybricks.training.tasks import make_plan, task_of
 
 if TYPE_CHECKING:
@@ -102,10 +103,8 @@ def forecast_output(config: JobConfig) -> str | None:
     return config.forecast.output if config.forecast is not None else None
 
 
-def checked_source(config: JobConfig, source: DataFrame) -> tuple[DataFrame, int]:
-    """The source as training reads it (its columns, ``where`` applied) and its number of
-    rows, once its columns and types fit the config and its target is not missing in
-    every row."""
+def read_columns(config: JobConfig, source: DataFrame) -> DataFrame:
+    """The source's columns that training reads, ``where`` applied."""
     features = config.features or ([*config.forecast.exogenous, *config.forecast.static,
                                      *hierarchy_columns(config)]
                                     if config.forecast else None)
@@ -113,7 +112,14 @@ def checked_source(config: JobConfig, source: DataFrame) -> tuple[DataFrame, int
         (features or []) + [config.target]
         + ([config.time_column] if config.time_column else [])
     )) if features is not None else None
-    df = select_and_filter(source, config.segment_by, columns, config.source.where)
+    return select_and_filter(source, config.segment_by, columns, config.source.where)
+
+
+def checked_source(config: JobConfig, source: DataFrame) -> tuple[DataFrame, int]:
+    """The source as training reads it (its columns, ``where`` applied) and its number of
+    rows, once its columns and types fit the config and its target is not missing in
+    every row."""
+    df = read_columns(config, source)
     plan = make_plan(config, arrow_schema(df.schema))  # column and type errors
     if config.source.segments is not None:
         df = only_segments(df, config.source.segments, config.segment_by,
@@ -305,14 +311,16 @@ def train(
             require_spark_context(spark, "training")  # before it reads or starts Ray
             files = segment_files(config.source, spark) if is_template(config.source.path) \
                 else None
-            df, num_rows = checked_source(
-                config, files.frame if files else read_source(config.source, spark))
+            source = files.frame if files else read_source(config.source, spark)
+            df, num_rows = checked_source(config, source)
+            given = kept_global(config) if register else None
             if hierarchical(config):  # every level's series, trained as segments
                 df = hierarchy.with_aggregates(df, config)
                 config = hierarchy.trained_config(config)
                 num_rows = df.count()
         try:
-            result, accounting = _train_source(config, spark, df, num_rows, files, timings)
+            result, accounting = _train_source(config, spark, df, num_rows, files, timings,
+                                               given, source)
         finally:
             if files:
                 files.release()
@@ -342,12 +350,34 @@ def write_forecasts(publication: Publication, config: JobConfig, output: str,
     return summary
 
 
+def kept_global(config: JobConfig) -> GivenGlobal | None:
+    """A retrain of listed segments with ``fallback: global`` and ``global_model: keep``:
+    the champion's global model, which the retrained segments compare and blend with
+    (None: nothing to keep: another job, no champion, or a champion without one)."""
+    if (config.source.segments is None or config.fallback != "global"
+            or config.global_model != "keep"):
+        return None
+    from raybricks import tracking
+
+    found = tracking.champion_global(config.registry.name, config.registry.alias)
+    if found is None:
+        console.say(f"global model: {config.registry.name}@{config.registry.alias} has none "
+                    "to keep; the retrain fits its own on the listed segments' rows")
+        return None
+    name, members = found
+    console.say(f"global model: kept from {config.registry.name}@{config.registry.alias} "
+                f"({name}); the retrained segments compare and blend with it")
+    return GivenGlobal(name=name, members=members)
+
+
 def _train_source(config: JobConfig, spark: SparkSession, df: DataFrame, num_rows: int,
-                  files: SegmentFiles | None, timings: dict[str, float]
+                  files: SegmentFiles | None, timings: dict[str, float],
+                  given: GivenGlobal | None = None, source: DataFrame | None = None
                   ) -> tuple[TrainingResult, dict[str, int]]:
     """Ray up, the source as Ray blocks, every segment trained, the result reconciled
     with the source's segments (a path template's keys whose files gave no rows are
-    skipped segments)."""
+    skipped segments). ``given``: the champion's global model, kept; with
+    ``global_model: refit``, a retrain's global model learns from the whole ``source``."""
     # the source's distinct segments, counted by Spark while Ray converts and trains
     counting = ThreadPoolExecutor(1, thread_name_prefix="raybricks-accounting")
     source_segments = counting.submit(count_segments, df, config.segment_by)
@@ -360,12 +390,25 @@ def _train_source(config: JobConfig, spark: SparkSession, df: DataFrame, num_row
                 strategy=config.data.strategy, max_block_rows=config.data.max_block_rows,
                 staging_dir=config.data.staging_dir, num_rows=num_rows,
             )
+        whole = None
+        if (given is None and config.source.segments is not None and source is not None
+                and config.fallback == "global" and config.global_model == "refit"):
+            with stage("global data", timings, "global data: the whole source as Ray "
+                       "blocks, for the global model"):
+                whole_df = read_columns(config, source)
+                whole = to_ray_dataset(whole_df, config.segment_by,
+                                       strategy=config.data.strategy,
+                                       max_block_rows=config.data.max_block_rows,
+                                       staging_dir=config.data.staging_dir)
+                given = GivenGlobal(refs=whole.block_refs(), num_rows=whole.num_rows)
         try:
             empty = absent.result() if absent else []
             with stage("training", timings, f"training (run {config.training.run_id})"):
-                result = train_segments(segmented, config, absent=empty)
+                result = train_segments(segmented, config, absent=empty, given_global=given)
         finally:  # the staged files, kept for rebuilding lost blocks, are not needed
             segmented.release()
+            if whole is not None:
+                whole.release()
         del segmented  # its index of every segment: the results are on disk now
         if hierarchical(config):
             with stage("reconciliation", timings, "reconciliation: every level adds up"):

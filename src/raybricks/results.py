@@ -191,7 +191,9 @@ class TrainingResult:
     reason, chosen candidates and weights, validation metric of the ensemble, of every
     candidate and of the baseline, row counts, fit seconds). ``models()``: segment keys
     -> serialized members (candidate, kind, weight, params, payload, meta).
-    ``fallback``: the global model's serialized members, if one was trained.
+    ``fallback``: the global model's serialized members, if one was trained (or kept:
+    ``global_id`` names a global model the run took from the champion; a global model
+    the run trained is named after the run).
     """
 
     run_id: str
@@ -206,6 +208,12 @@ class TrainingResult:
     forecast: dict[str, Any] | None = None  # task forecast: what ``raybricks forecast`` needs
     target: str | None = None  # the target column (monitoring reads actuals from it)
     time_column: str | None = None  # the time column, if training had one
+    global_id: str | None = None  # the champion's global model the run kept, if it did
+
+    @property
+    def global_name(self) -> str:
+        """The name of the run's global model: the one it kept, or the run's id."""
+        return self.global_id or self.run_id
 
     @functools.cached_property
     def segments(self) -> pd.DataFrame:

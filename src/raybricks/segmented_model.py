@@ -261,7 +261,11 @@ class SegmentModel:
 
 MANIFEST = "manifest.json"
 INDEX = "index.parquet"
+#: The global models a version holds (each member row's ``global`` column names its
+#: model; a model of format 1 holds one, without the column).
 FALLBACK = "fallback.parquet"
+#: The index's and the fallback file's column naming a global model (format 2).
+GLOBAL = "global"
 MEMBER_COLUMNS = ("kind", "payload", "meta", "weight")
 #: A reconciled hierarchy's member column: its series' forecast shift per period ahead.
 RECONCILIATION = "reconciliation"
@@ -276,6 +280,33 @@ SHARDS = "models-*.parquet"  # every shard's file
 def shard_name(shard: int) -> str:
     """The file of the members' shard number ``shard``."""
     return f"models-{shard:05d}.parquet"
+
+
+def default_global(manifest: dict[str, Any]) -> str | None:
+    """The global model that answers keys the model has never seen (and, in a model of
+    format 1, every segment): the manifest's ``global_model``; a format-1 model's one
+    global model is named after its training run."""
+    if "global_model" in manifest:
+        return manifest["global_model"]
+    if not manifest.get("has_fallback", True):
+        return None
+    return str(manifest.get("training_run") or "global")
+
+
+def read_globals(directory: Path, manifest: dict[str, Any]) -> dict[str, list[dict]]:
+    """Every global model of a segmented model directory: its name -> its member rows."""
+    import pyarrow.parquet as pq
+
+    path = Path(directory) / FALLBACK
+    if not path.exists():
+        return {}
+    table = pq.read_table(path)
+    if GLOBAL not in table.column_names:  # format 1: one global model
+        return {default_global(manifest) or "global": table.to_pylist()}
+    found: dict[str, list[dict]] = {}
+    for row in table.to_pylist():
+        found.setdefault(row[GLOBAL], []).append(row)
+    return found
 
 
 def key_tuples(table, segment_by: list[str]) -> list[tuple]:
@@ -402,38 +433,54 @@ class SegmentStore:
         self.task: str = self.manifest["task"]
         # Arrow columns, looked up with a hash join: a few bytes per segment, where
         # Python objects would take hundreds (a million segments' index is ~30 MB)
-        index = pq.read_table(self.directory / INDEX,
-                              columns=[*self.segment_by, "status", "shard", "row_group"])
+        names = pq.read_schema(self.directory / INDEX).names
+        index = pq.read_table(self.directory / INDEX, columns=[
+            *self.segment_by, "status", "shard", "row_group",
+            *([GLOBAL] if GLOBAL in names else [])])
+        if GLOBAL not in names:  # format 1: every segment refers to the one global model
+            index = index.append_column(GLOBAL, pa.nulls(index.num_rows, pa.string()))
         self.key_schema = pa.schema([index.schema.field(c) for c in self.segment_by])
         self.index = KeyIndex(index, self.segment_by)
         self.cache_segments = max(int(cache_segments), 1)
         self._cache: OrderedDict[tuple, SegmentModel] = OrderedDict()
-        self.fallback: SegmentModel | None = None
-        if (self.directory / FALLBACK).exists():
-            self.fallback = SegmentModel.from_rows(pq.read_table(self.directory / FALLBACK)
-                                                   .select(MEMBER_COLUMNS).to_pylist())
+        # each segment answers with the global model it was trained with (a merged
+        # version holds every one its segments refer to); keys never seen, with the
+        # version's default
+        self.globals = {name: SegmentModel.from_rows(rows) for name, rows in
+                        read_globals(self.directory, self.manifest).items()}
+        self.default_global = default_global(self.manifest)
+        self.fallback: SegmentModel | None = self.globals.get(self.default_global)
 
     def __len__(self) -> int:
         return len(self.index)
 
     def locate(self, keys: pa.Table) -> pa.Table:
         """Per key (typed as the index's, in order): its ``status`` (null: unknown),
-        ``shard`` and ``row_group`` (-1: no model)."""
-        return locations(self.index.lookup(keys)).select(["status", "shard", "row_group"])
+        ``shard`` and ``row_group`` (-1: no model) and ``global``, the global model it
+        refers to (null: the default)."""
+        return locations(self.index.lookup(keys)).select(["status", "shard", "row_group",
+                                                          GLOBAL])
+
+    def global_model(self, name: str | None) -> SegmentModel | None:
+        """The global model ``name`` (None: the version's default); None where the model
+        holds none of that name (a member that needs it says so when it predicts)."""
+        return self.fallback if name is None else self.globals.get(name)
 
     def models(self, keys: list[tuple], where: pa.Table) -> dict[tuple, SegmentModel]:
         """The models of these segments (those that have one, ``where`` says: ``locate``),
         from cache or shards."""
         import pyarrow.parquet as pq
 
-        found, wanted = {}, {}
-        for key, shard, group in zip(keys, where.column("shard").to_pylist(),
-                                     where.column("row_group").to_pylist(), strict=True):
+        found, wanted, refers = {}, {}, {}
+        for key, shard, group, name in zip(keys, where.column("shard").to_pylist(),
+                                           where.column("row_group").to_pylist(),
+                                           where.column(GLOBAL).to_pylist(), strict=True):
             if key in self._cache:
                 self._cache.move_to_end(key)
                 found[key] = self._cache[key]
             elif shard >= 0:
                 wanted.setdefault((shard, group), set()).add(key)
+                refers[key] = name
         for (shard, group), needed in sorted(wanted.items()):
             path = self.directory / shard_name(shard)
             rows = pq.ParquetFile(path).read_row_group(group).to_pylist()
@@ -443,8 +490,8 @@ class SegmentStore:
                 if key in needed:
                     members.setdefault(key, []).append(row)
             for key, member_rows in members.items():
-                found[key] = self._remember(key, SegmentModel.from_rows(member_rows,
-                                                                        self.fallback))
+                found[key] = self._remember(key, SegmentModel.from_rows(
+                    member_rows, self.global_model(refers[key])))
         return found
 
     def _remember(self, key: tuple, model: SegmentModel) -> SegmentModel:
@@ -485,6 +532,7 @@ class SegmentStore:
         cuts = np.searchsorted(codes[order], np.arange(len(keys) + 1))
         models = self.models(keys, where)
         statuses = where.column("status").to_pylist()
+        referred = where.column(GLOBAL).to_pylist()
         status = np.empty(len(frame), dtype=object)
         levels = (self.manifest.get("forecast") or {}).get("intervals") or []
         if intervals and not levels:
@@ -498,7 +546,8 @@ class SegmentStore:
         continued = self.continued_series(segments, models, frame) if forecasts else {}
         for position, (key, rows) in enumerate(segments):
             status[rows] = statuses[position] or "unknown"
-            model = models.get(key) or (None if forecasts else self.fallback)
+            model = models.get(key) or (None if forecasts
+                                        else self.global_model(referred[position]))
             if model is None:
                 unscored += len(rows)
                 continue
@@ -521,20 +570,24 @@ class SegmentStore:
         continues it (``segments``: each key and its rows), made for all of them at once
         (``GlobalKind.continue_many_series``); empty when fewer than two series do or
         the batch fails (each series then continues alone, and reports its error)."""
-        wanted = []
+        by_global: dict[int, list] = {}  # per global model, the series it continues
         for key, rows in segments:
             member = models[key].continued_member() if key in models else None
-            if member is not None:
+            if member is not None and models[key].fallback is not None:
                 features = prepare_features(frame.iloc[rows], member.meta)
-                wanted.append((key, member, (member.model, features, member.meta)))
-        if len(wanted) < 2 or self.fallback is None:
-            return {}
-        try:
-            made = wanted[0][1].kind.continue_many_series(
-                [request for _, _, request in wanted], self.fallback.members[0][0])
-        except Exception:  # noqa: BLE001 - each series alone says what is wrong
-            return {}
-        return {key: values for (key, _, _), values in zip(wanted, made, strict=True)}
+                by_global.setdefault(id(models[key].fallback), []).append(
+                    (key, member, models[key].fallback, (member.model, features, member.meta)))
+        found = {}
+        for wanted in by_global.values():
+            if len(wanted) < 2:
+                continue
+            try:
+                made = wanted[0][1].kind.continue_many_series(
+                    [request for *_, request in wanted], wanted[0][2].members[0][0])
+            except Exception:  # noqa: BLE001 - each series alone says what is wrong
+                continue
+            found |= {key: values for (key, *_), values in zip(wanted, made, strict=True)}
+        return found
 
 
 def rows_of(frame: pd.DataFrame, rows: np.ndarray) -> pd.DataFrame:

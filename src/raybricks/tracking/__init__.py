@@ -11,7 +11,7 @@ Imports go one way: ``run`` -> ``registration`` -> ``model``; ``target`` imports
 """
 
 from raybricks.tracking.model import RegistryError
-from raybricks.tracking.registration import Publication, register_run
+from raybricks.tracking.registration import Publication, champion_global, register_run
 from raybricks.tracking.run import publish
 from raybricks.tracking.target import (
     TrackingTarget,
@@ -25,6 +25,7 @@ __all__ = [
     "Publication",
     "RegistryError",
     "TrackingTarget",
+    "champion_global",
     "check_registry_name",
     "configure_tracking",
     "experiment_id",

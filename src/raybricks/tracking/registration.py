@@ -5,6 +5,7 @@ the versions the call created. ``register_run`` is the retry from a logged run."
 
 from __future__ import annotations
 
+import json
 import logging
 import tempfile
 from dataclasses import dataclass, field
@@ -129,6 +130,42 @@ def download_segments(name: str, version: str, directory: Path) -> Path:
     return Path(path) / "artifacts" / "segments"
 
 
+def download_files(name: str, version: str, files: list[str], directory: Path) -> Path:
+    """Some files of a registered version's segmented model directory (not its shards)."""
+    from mlflow.store.artifact.models_artifact_repo import ModelsArtifactRepository
+
+    repository = ModelsArtifactRepository(f"models:/{name}/{version}")
+    directory.mkdir(parents=True, exist_ok=True)
+    for file in files:
+        try:
+            repository.download_artifacts(f"artifacts/segments/{file}", str(directory))
+        except Exception as exc:  # noqa: BLE001 - a model without this file
+            log.debug("%s version %s has no %s: %s", name, version, file, exc)
+    return directory / "artifacts" / "segments"
+
+
+def champion_global(name: str, alias: str) -> tuple[str, list[dict[str, Any]]] | None:
+    """The global model that answers keys ``name@alias`` has never seen: its name and
+    member rows (None: no such version, or one without a global model). Reads the
+    version's manifest and global models only, never its shards."""
+    configure_tracking()
+    current = version_for_alias(name, alias)
+    if current is None:
+        return None
+    with tempfile.TemporaryDirectory(prefix="raybricks-global-") as tmp:
+        here = download_files(name, str(current.version),
+                              [segmented_model.MANIFEST, segmented_model.FALLBACK], Path(tmp))
+        if not (here / segmented_model.MANIFEST).exists():
+            return None
+        manifest = json.loads((here / segmented_model.MANIFEST).read_text())
+        default = segmented_model.default_global(manifest)
+        found = segmented_model.read_globals(here, manifest).get(default)
+    if not found:
+        return None
+    return default, [{k: v for k, v in row.items() if k != segmented_model.GLOBAL}
+                     for row in found]
+
+
 def record_decision(decision: dict[str, Any]) -> None:
     """The promotion decision on the active run: ``promotion.json`` and a tag."""
     import mlflow
@@ -142,17 +179,34 @@ def _alias_version(name: str, alias: str) -> str | None:
     return str(found.version) if found else None
 
 
+def retrains_some(config: JobConfig) -> bool:
+    """A run of listed segments (``source.segments``), merged into the champion."""
+    return config.source.segments is not None and config.registry.promote in (
+        "merge", "replace")
+
+
 def register_and_promote(
     config: JobConfig, model_uri: str, run_id: str, tags: dict[str, str], packaged: Packaged,
     workdir: Path, example: pd.DataFrame | None,
 ):
     """Register the challenger, decide the champion, then move the aliases: on any failure
-    before the aliases move, the versions this call created are removed again."""
+    before the aliases move, the versions this call created are removed again. A retrain
+    of listed segments registers one version, the merged one (its own model, of those
+    segments alone, stays in the run)."""
     name, alias = config.registry.name, config.registry.alias
     created: list[str] = []
     try:
-        version = register(model_uri, name, run_id, tags, "challenger", created)
-        decision = promote(config, version, packaged, workdir, run_id, tags, example, created)
+        current = version_for_alias(name, alias)
+        if retrains_some(config) and current is not None:
+            version, decision = merge_into(
+                config, str(current.version), packaged, workdir, run_id, tags, example,
+                created, f"run {run_id}")
+            decision = {"rule": config.registry.promote, "challenger_version": None,
+                        "previous_champion": str(current.version)} | decision
+        else:
+            version = register(model_uri, name, run_id, tags, "challenger", created)
+            decision = promote(config, version, packaged, workdir, run_id, tags, example,
+                               created)
     except Exception as exc:
         for number in reversed(created):
             _delete_quietly(name, number)
@@ -184,30 +238,49 @@ def promote(config: JobConfig, version, packaged: Packaged, workdir: Path, run_i
         reason = "first version" if previous is None else rule
         return decision | {"decision": "promoted", "reason": reason,
                            "champion_version": challenger}
-    champion_dir = download_segments(name, previous, workdir / "champion")
-    comparison = compare(packaged.directory, champion_dir)
-    decision["comparison"] = comparison.as_dict()
-    log_run_metrics({"promotion_common_segments": comparison.common,
-                     "promotion_challenger_mean": comparison.challenger,
-                     "promotion_champion_mean": comparison.champion})
     if rule == "if_better":
+        champion_dir = download_segments(name, previous, workdir / "champion")
+        comparison = compare(packaged.directory, champion_dir)
+        decision["comparison"] = comparison.as_dict()
+        log_comparison(comparison)
         if comparison.not_worse:
             return decision | {"decision": "promoted", "reason": "not worse on common segments",
                                "champion_version": challenger}
         return decision | {"decision": "kept", "reason": "worse on common segments",
                            "champion_version": previous}
-    labels = (f"version {challenger}", f"version {previous}")
+    _, merged = merge_into(config, previous, packaged, workdir, run_id, tags, example,
+                           created, f"version {challenger}")
+    return decision | merged
+
+
+def log_comparison(comparison) -> None:
+    log_run_metrics({"promotion_common_segments": comparison.common,
+                     "promotion_challenger_mean": comparison.challenger,
+                     "promotion_champion_mean": comparison.champion})
+
+
+def merge_into(config: JobConfig, previous: str, packaged: Packaged, workdir: Path,
+               run_id: str, tags: dict[str, str], example: pd.DataFrame | None,
+               created: list[str], label: str) -> tuple[Any, dict[str, Any]]:
+    """The run's model (``label``) merged with the champion (version ``previous``) as
+    ``registry.promote`` says, registered: the merged version and the decision."""
+    name = config.registry.name
+    champion_dir = download_segments(name, previous, workdir / "champion")
+    comparison = compare(packaged.directory, champion_dir)
+    log_comparison(comparison)
+    labels = (label, f"version {previous}")
     merged = merge_segments(packaged.directory, champion_dir,
                             workdir / "merged" / "segments", labels,
-                            replace=rule == "replace")
+                            replace=config.registry.promote == "replace")
     info = log_segmented_model(merged, example, MERGED_MODEL_NAME)
     origins = pd.read_parquet(merged.directory / segmented_model.INDEX,
                               columns=[*config.segment_by, "source"])
-    merged_version = register(info.model_uri, name, run_id,
-                              tags | {"raybricks.merged_from": ",".join(labels)}, "merged",
-                              created, merge_description(config, origins, labels))
-    return decision | {"decision": "merged", "champion_version": str(merged_version.version),
-                       "segments_from": origins["source"].value_counts().to_dict()}
+    version = register(info.model_uri, name, run_id,
+                       tags | {"raybricks.merged_from": ",".join(labels)}, "merged",
+                       created, merge_description(config, origins, labels))
+    return version, {"decision": "merged", "comparison": comparison.as_dict(),
+                     "champion_version": str(version.version),
+                     "segments_from": origins["source"].value_counts().to_dict()}
 
 
 #: How many replaced segments a merged version's description names.
@@ -234,7 +307,24 @@ def merge_description(config: JobConfig, index: pd.DataFrame, labels: tuple[str,
            else "per segment, the better validation metric of the two")
     return (f"Merged ({rule}): {len(new)} of {len(index)} segments from {labels[0]} (this "
             f"run), the others from {labels[1]}; {why}; {how}. From this run: {named}{more}."
-            " The index's source column says where each segment came from.")
+            " The index's source column says where each segment came from."
+            + global_note(config))
+
+
+def global_note(config: JobConfig) -> str:
+    """What a merged version's description says of its global models."""
+    if config.fallback != "global":
+        return ""
+    if config.source.segments is not None and config.global_model == "keep":
+        return (" Global model: the champion's, kept (global_model: keep); the retrained "
+                "segments were compared and blended with it, and every other segment and "
+                "unseen key answers as before.")
+    if config.source.segments is not None:
+        return (" Global model: refitted on the whole source (global_model: refit); it "
+                "serves the retrained segments and unseen keys, while the champion's "
+                "segments keep the global model they were trained with.")
+    return (" Each segment answers with the global model it was trained with (the index's "
+            "global column); unseen keys with this run's.")
 
 
 def register_run(run_id: str, config: JobConfig) -> Publication:

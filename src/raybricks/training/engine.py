@@ -58,7 +58,7 @@ from raybricks.results import (
     read_parts,
 )
 from raybricks.segmented_model import KeyIndex
-from raybricks.training.plan import Plan, needs_gpus, segment_rows, stable_seed
+from raybricks.training.plan import GivenGlobal, Plan, needs_gpus, segment_rows, stable_seed
 from raybricks.training.remote import remote
 from raybricks.training.search import spread_settings
 from raybricks.training.selection import (
@@ -345,11 +345,12 @@ def with_run_id(config: JobConfig) -> JobConfig:
 
 def train_segments(
     segmented: SegmentedDataset, config: JobConfig, *, progress: bool | None = None,
-    absent: Sequence[tuple[tuple, str]] = (),
+    absent: Sequence[tuple[tuple, str]] = (), given_global: GivenGlobal | None = None,
 ) -> TrainingResult:
     """Train every segment of a segment-aligned dataset as the job config says.
     ``absent``: segments of the source without rows (files that gave none), recorded as
-    skipped with their reason."""
+    skipped with their reason; ``given_global``: the global model kept from the champion
+    or fitted on the whole source's blocks (a retrain of some segments)."""
     import ray
 
     start = time.perf_counter()
@@ -365,7 +366,7 @@ def train_segments(
     task = task_of(config)
     refs = segmented.block_refs()
     shared = task.share(refs, task.plan(config, segmented.schema, threads), config,
-                        segmented.num_rows)
+                        segmented.num_rows, given_global)
     plan = shared.plan
     if absent:
         keys, reasons = zip(*absent, strict=True)
@@ -412,7 +413,8 @@ def train_segments(
                             time.perf_counter() - start, task=plan.task,
                             features=plan.features, example=example,
                             forecast=task.manifest(plan, segmented.schema),
-                            target=plan.target, time_column=plan.time_column)
+                            target=plan.target, time_column=plan.time_column,
+                            global_id=shared.global_id)
     log.info("%s", result.summary())
     return result
 

@@ -133,10 +133,28 @@ def segment_rows(block: pa.Table, plan: Plan, key: tuple) -> pd.DataFrame:
 class Shared:
     """What a job's segments share, made before they train (``Task.share``): the plan
     they train with (global models, the series' end, ...) and how to finish the job's
-    fallback model once they have trained (``fallback(run_dir)``: its members, or None)."""
+    fallback model once they have trained (``fallback(run_dir)``: its members, or None);
+    ``global_id``: the name of a global model the job kept rather than fitted."""
 
     plan: Plan
     fallback: Callable[[Path], list[dict] | None]
+    global_id: str | None = None
+
+
+@dataclass(frozen=True)
+class GivenGlobal:
+    """A global model a job does not fit from the rows it trains (a retrain of some
+    segments, ``global_model``): the champion's, kept (``members``, named ``name``), or
+    one fitted on the whole source's blocks (``refs``, ``num_rows`` rows)."""
+
+    name: str | None = None
+    members: list[dict[str, Any]] | None = None
+    refs: list | None = None
+    num_rows: int = 0
+
+    @property
+    def kept(self) -> bool:
+        return self.members is not None
 
 
 #: One segment's training: (key, first row, end row) of the block -> its result row and

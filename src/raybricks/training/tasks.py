@@ -19,7 +19,7 @@ import pyarrow as pa
 from raybricks.config import CandidateConfig, JobConfig
 from raybricks.kinds import StoredKind
 from raybricks.training.forecast.task import FORECAST
-from raybricks.training.plan import Plan, SegmentTrainer, Shared
+from raybricks.training.plan import GivenGlobal, Plan, SegmentTrainer, Shared
 from raybricks.training.tabular.task import TABLE
 
 
@@ -40,8 +40,10 @@ class Task(Protocol):
     def kind(self, candidate: CandidateConfig) -> StoredKind:
         """The model kind that fits ``candidate`` in this task."""
 
-    def share(self, refs: list, plan: Plan, config: JobConfig, num_rows: int) -> Shared:
-        """On the driver, before any segment trains: what every segment shares."""
+    def share(self, refs: list, plan: Plan, config: JobConfig, num_rows: int,
+              given: GivenGlobal | None = None) -> Shared:
+        """On the driver, before any segment trains: what every segment shares
+        (``given``: the global model kept from the champion or fitted on other blocks)."""
 
     def trainer(self, frame: pd.DataFrame, todo: list[tuple[tuple, int, int]],
                 plan: Plan, found: list[dict] | None = None) -> SegmentTrainer:

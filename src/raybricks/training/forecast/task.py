@@ -28,6 +28,7 @@ from raybricks.training.forecast.backtest import baselines, block_made, train_se
 from raybricks.training.forecast.global_model import GLOBAL_ROWS
 from raybricks.training.forecast.series import answered, block_times, forecast_spec
 from raybricks.training.plan import (
+    GivenGlobal,
     Plan,
     SegmentTrainer,
     Shared,
@@ -154,14 +155,25 @@ class ForecastTask:
     def kind(self, candidate: CandidateConfig) -> ForecastKind:
         return kinds.forecaster(candidate)
 
-    def share(self, refs: list, plan: Plan, config: JobConfig, num_rows: int) -> Shared:
+    def share(self, refs: list, plan: Plan, config: JobConfig, num_rows: int,
+              given: GivenGlobal | None = None) -> Shared:
         """The latest period of any series (series ending before it are noted) and, with
         ``fallback: global``, the global model of every backtest window, which competes
-        in every series, and over whole series, the fallback."""
+        in every series, and over whole series, the fallback. ``given``: the champion's
+        global model, kept (it competes in every window and is the fallback), or the
+        whole source's blocks the global models learn from."""
         plan = replace_plan(plan, forecast=replace(plan.forecast,
                                                    end=series_end(refs, plan.time_column)))
         if config.fallback != "global":
             return Shared(plan, lambda run_dir: None)
+        if given is not None and given.kept:
+            plan = replace_plan(plan, global_members=[given.members] * plan.forecast.windows,
+                                global_token=f"kept {given.name}")
+            return Shared(plan, lambda run_dir: keep_fallback(
+                run_dir, {"status": TRAINED, "kept": given.name}, given.members),
+                global_id=given.name)
+        if given is not None and given.refs is not None:
+            refs, num_rows = given.refs, given.num_rows
         models, error = fit_global_models(refs, plan, config, num_rows)
         if error is not None:
             log.warning("the global model was not trained (%s): every series trains "

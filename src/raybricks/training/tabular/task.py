@@ -21,9 +21,10 @@ from raybricks.config import CandidateConfig, JobConfig
 from raybricks.data import segment_bounds
 from raybricks.errors import DataError
 from raybricks.kinds import ModelKind
-from raybricks.results import keep_fallback
+from raybricks.results import TRAINED, keep_fallback
 from raybricks.training import recipe
 from raybricks.training.plan import (
+    GivenGlobal,
     Plan,
     SegmentTrainer,
     Shared,
@@ -341,10 +342,23 @@ class TableTask:
     def kind(self, candidate: CandidateConfig) -> ModelKind:
         return kinds.of(candidate)
 
-    def share(self, refs: list, plan: Plan, config: JobConfig, num_rows: int) -> Shared:
+    def share(self, refs: list, plan: Plan, config: JobConfig, num_rows: int,
+              given: GivenGlobal | None = None) -> Shared:
         """With ``selection: all`` and ``fallback: global``, the global model of every
-        split competes in every segment; the fallback is trained after the segments."""
+        split competes in every segment; the fallback is trained after the segments.
+        ``given``: the champion's global model, kept (it competes in every split and is
+        the fallback), or the whole source's blocks the global models learn from."""
         whole = global_plan(plan, config)
+        if config.fallback == "global" and given is not None and given.kept:
+            splits = plan.folds if plan.method == "kfold" else 1
+            if config.selection == "all":
+                plan = replace_plan(plan, global_members=[given.members] * splits,
+                                    global_token=f"kept {given.name}")
+            return Shared(plan, lambda run_dir: keep_fallback(
+                run_dir, {"status": TRAINED, "kept": given.name}, given.members),
+                global_id=given.name)
+        if given is not None and given.refs is not None:
+            refs, num_rows = given.refs, given.num_rows
         if config.fallback == "global" and config.selection == "all":
             members = split_global_models(refs, plan, whole, num_rows)
             if all(members):  # every split's global model trained
