@@ -667,3 +667,41 @@ def test_a_retrain_with_the_global_model_keeps_every_untouched_answer(
     assert not np.allclose(refitted["never-seen"], before["never-seen"])
     description = MlflowClient().get_model_version(name, again.version).description
     assert "global_model: refit" in description
+
+
+def test_a_merge_into_a_format_1_champion_keeps_its_answers(spark, shops_ds,
+                                                            tmp_path_factory):
+    """A champion registered before format 2 (one global model, no ``global`` column:
+    tests/fixtures/registered) merged with a run of two stores that fitted its own global
+    model: the champion's other stores, blended with its global model, and its skipped
+    stores answer as before; the retrained ones and unseen keys with the run's."""
+    from tests.test_registered_formats import FIXTURES
+
+    here = tmp_path_factory.mktemp("format1")
+    champion = FIXTURES / "tabular" / "model"
+    manifest = json.loads((champion / "manifest.json").read_text())
+    changed = {lib: built for lib, built in manifest["libraries"].items()
+               if version(lib) != built}
+    if changed:
+        pytest.skip(f"model libraries differ from the fixture's: {changed}")
+    frame = pd.read_parquet(FIXTURES / "tabular" / "input.parquet")
+    before = SegmentStore(champion).predict(frame).values.to_numpy()
+    data = helpers.shops()
+    data.loc[data.store == "s2", "y"] *= -1
+    run = trained(to_ray_dataset(spark.createDataFrame(data[data.store.isin(["s2", "s3"])]),
+                                 ["store"]),
+                  tmp_path_factory, models=STRONG, fallback="global")
+    challenger = packaging.package_result(run, here / "run", "run")
+    merged = packaging.merge_segments(challenger.directory, champion, here / "merged",
+                                      ("run", "champion"), replace=True)
+    assert merged.manifest["global_model"] == run.run_id
+    store = SegmentStore(merged.directory)
+    assert set(store.globals) == {run.run_id, manifest["training_run"]}
+    after = store.predict(frame).values.to_numpy()
+    untouched = ~frame.store.isin(["s2", "s3", "never-seen"]).to_numpy()
+    np.testing.assert_array_equal(after[untouched], before[untouched])
+    retrained = frame.store.eq("s2").to_numpy()
+    assert not np.allclose(after[retrained], before[retrained])
+    unseen = frame.store.eq("never-seen").to_numpy()
+    np.testing.assert_allclose(after[unseen],
+                               store.globals[run.run_id].predict(frame[unseen]))
