@@ -12,7 +12,7 @@ import pyarrow as pa
 import pytest
 
 from raybricks import metrics, tracking
-from raybricks.config import CandidateConfig
+from raybricks.config import CandidateConfig, JobConfig
 from raybricks.data import to_ray_dataset
 from raybricks.segmented_model import SegmentModel
 from raybricks.training import train_segments
@@ -487,3 +487,209 @@ def test_a_constant_segment_is_served_by_its_constant_even_with_a_global_fallbac
     assert member["kind"] == "baseline"
     model = SegmentModel.from_rows(members)
     assert (model.predict(frame.head(3)) == 0.0).all()
+
+
+def one_class_scores(metric: str = "auc") -> tuple[np.ndarray, list[Evaluation]]:
+    """Validation rows of a single class: ``metric`` (auc) has no value for any
+    candidate, though their predictions differ (lgbm's are the better ones on the
+    segment's other rows, which the validation rows cannot show)."""
+    y = np.zeros(12, dtype="int64")
+
+    def probabilities(name, positive):
+        return scored(name, y, np.column_stack([1 - positive, positive]), metric)
+
+    rng = np.random.default_rng(5)
+    return y, [probabilities("logit", rng.uniform(0.4, 0.9, 12)),
+               probabilities("lgbm", rng.uniform(0.0, 0.2, 12)),
+               probabilities("baseline", np.full(12, 0.3)),
+               probabilities("global", np.full(12, 0.1))]
+
+
+def binary_plan(**changes):
+    return replace_plan(one_feature_plan(task="binary", validation={
+        "method": "holdout", "metric": "auc"}), **changes)
+
+
+def test_validation_rows_that_cannot_rank_the_candidates_serve_the_reference():
+    """Every AUC is NaN on one-class rows: the choice is not the first candidate in the
+    job's list (no noise rule, no shrink): the reference serves, the global model where
+    it competes, else the baseline; the row says why."""
+    y, (logit, lgbm, naive, pooled) = one_class_scores()
+    assert all(np.isnan(e.value) for e in (logit, lgbm, naive, pooled))
+    for plan in (binary_plan(), binary_plan(ensemble="weighted", top_k=3),
+                 binary_plan(shrink=0.0), binary_plan(margin=0.0)):
+        assert [(e.candidate.name, w) for e, w in select([logit, lgbm, naive, pooled], y,
+                                                          plan)] == [("global", 1.0)]
+        assert [(e.candidate.name, w) for e, w in select([logit, lgbm, naive], y, plan)
+                ] == [("baseline", 1.0)]
+    row = SegmentResult(("s",))
+    chosen = summarize(row, [logit, lgbm, naive, pooled], y, naive.predictions, binary_plan())
+    assert [e.candidate.name for e, _ in chosen] == ["global"] and row.chosen == ["global"]
+    assert row.reason == ("validation rows cannot rank candidates: auc undefined (one "
+                          "class); served by the global model")
+    assert np.isnan(row.estimate) and np.isnan(row.scores["logit"])
+    summarize(row := SegmentResult(("s",)), [logit, lgbm, naive], y, naive.predictions,
+              binary_plan())
+    assert row.chosen == ["baseline"] and row.reason.endswith("served by the baseline")
+
+
+def test_rows_that_cannot_rank_local_only_candidates_serve_their_mean():
+    """With ``selection: local_only`` there is no reference: every candidate that fitted
+    serves, in equal shares (not the first of the list), and the row says so."""
+    y, (logit, lgbm, _, _) = one_class_scores()
+    failed = Evaluation(CandidateConfig(name="xgb", kind="baseline"), error="boom")
+    plan = binary_plan(selection="local_only")
+    assert [(e.candidate.name, w) for e, w in select([logit, failed, lgbm], y, plan)] == [
+        ("logit", 0.5), ("lgbm", 0.5)]
+    row = SegmentResult(("s",))
+    summarize(row, [logit, failed, lgbm], y, np.full((12, 2), 0.5), plan)
+    assert row.chosen == ["logit", "lgbm"] and row.weights == [0.5, 0.5]
+    assert row.reason == ("validation rows cannot rank candidates: auc undefined (one "
+                          "class); served by the mean of the candidates")
+
+
+def test_a_metric_undefined_on_the_rows_of_a_regression_serves_the_reference():
+    """mape leaves out rows whose actual is zero: validation rows all zero give it no
+    value for any candidate; r2 has none on constant actuals."""
+    plan = one_feature_plan(validation={"method": "holdout", "metric": "mape"})
+    y = np.zeros(10)
+    local = scored("ridge", y, np.full(10, 0.1), "mape")
+    naive, pooled = scored("baseline", y, np.ones(10), "mape"), scored("global", y,
+                                                                         np.ones(10), "mape")
+    assert [e.candidate.name for e, _ in select([local, naive, pooled], y, plan)] == [
+        "global"]
+    row = SegmentResult(("s",))
+    summarize(row, [local, naive, pooled], y, naive.predictions, plan)
+    assert row.reason.startswith("validation rows cannot rank candidates: mape undefined "
+                                 "(every actual is zero)")
+    plan = one_feature_plan(validation={"method": "holdout", "metric": "r2"})
+    y = np.full(10, 2.0)
+    found = [scored(name, y, p, "r2") for name, p in (
+        ("ridge", np.full(10, 2.1)), ("baseline", np.full(10, 5.0)),
+        ("global", np.full(10, 1.0)))]
+    row = SegmentResult(("s",))
+    summarize(row, found, y, found[1].predictions, plan)
+    assert row.chosen == ["global"]
+    assert "r2 undefined (constant actuals)" in row.reason
+
+
+def test_a_candidate_without_a_value_stays_out_of_a_blend():
+    """A candidate whose predictions give no metric (NaN) where the others have one is
+    not ranked: a mean of the top 3 leaves it out rather than blending its NaN."""
+    plan = one_feature_plan(ensemble={"method": "mean", "top_k": 3, "shrink": 0},
+                            selection="local_only")
+    rng = np.random.default_rng(2)
+    y = rng.normal(size=20)
+    good = scored("ridge", y, y + rng.normal(scale=0.1, size=20))
+    broken = Evaluation(CandidateConfig(name="lgbm", kind="baseline"), {}, float("nan"),
+                        np.full(20, np.nan))
+    assert [(e.candidate.name, w) for e, w in select([broken, good], y, plan)] == [
+        ("ridge", 1.0)]
+
+
+def test_shrink_0_with_a_weighted_blend_keeps_the_references_at_their_rank_weight():
+    """``shrink: 0`` adds no share to the reference; a blend of the ``top_k`` (mean,
+    weighted) still ranks the global model and the baseline among its candidates, so
+    where they are among the best they serve at the weight of their rank, as ``chosen``
+    lists them; where they are not, the blend holds only local candidates."""
+    rng = np.random.default_rng(0)
+    y = rng.normal(size=40)
+    good = scored("ridge", y, y + rng.normal(scale=0.05, size=40))
+    other = scored("lgbm", y, y + rng.normal(scale=0.1, size=40))
+    naive, pooled = scored("baseline", y, np.zeros(40)), scored("global", y, 0.5 * y)
+    weighted = one_feature_plan(ensemble={"method": "weighted", "top_k": 3, "shrink": 0})
+    chosen = select([good, other, naive, pooled], y, weighted)
+    values = [good.value, other.value, pooled.value]
+    expected = metrics.metric("rmse").weights(values)
+    assert [(e.candidate.name, w) for e, w in chosen] == list(zip(
+        ["ridge", "lgbm", "global"], expected, strict=True))
+    # the default shrink moves half of every member's weight to the global model
+    shrunk = select([good, other, naive, pooled], y, replace_plan(weighted, shrink=0.5))
+    assert [e.candidate.name for e, _ in shrunk] == ["ridge", "lgbm", "global"]
+    assert [w for _, w in shrunk] == pytest.approx(
+        [expected[0] / 2, expected[1] / 2, expected[2] / 2 + 0.5])
+    # top_k 2: the two local candidates alone, the global model left out at shrink 0
+    two = select([good, other, naive, pooled], y, replace_plan(weighted, top_k=2))
+    assert [e.candidate.name for e, _ in two] == ["ridge", "lgbm"]
+
+
+def one_class_validation(seed: int = 0) -> pd.DataFrame:
+    """Stores of 40 rows whose label follows x1: ``both*`` hold a fifth of positives;
+    ``rare*`` only two, which a stratified holdout of a fifth keeps in training, so
+    their validation rows hold one class and no AUC can be computed there."""
+    rng = np.random.default_rng(seed)
+    frames = []
+    for group, stores in (("both", 6), ("rare", 5)):
+        for store in range(stores):
+            x1, x2 = rng.normal(size=40), rng.normal(size=40)
+            if group == "both":
+                label = (x1 + rng.normal(scale=0.3, size=40) > 0.85).astype(int)
+            else:
+                label = np.zeros(40, dtype=int)
+                label[np.argsort(x1)[-2:]] = 1
+            frames.append(pd.DataFrame({"store": f"{group}{store}", "x1": x1, "x2": x2,
+                                        "label": label}))
+    return pd.concat(frames, ignore_index=True)
+
+
+def test_segments_whose_validation_rows_hold_one_class_are_served_by_the_reference(
+        ray_on_spark, spark, tmp_path):
+    """A real job by AUC with a global model: the segments whose validation rows hold
+    one class are served by the global model, not by the job's first candidate, and
+    their result rows say why; with ``fallback: none`` the baseline serves them, with
+    ``selection: local_only`` the mean of the candidates."""
+    data = one_class_validation()
+    config = job(tmp_path, target="label", task="binary", features=["x1", "x2"],
+                 time_column=None, models=LOGISTIC, min_rows=20, fallback="global",
+                 validation={"method": "holdout", "metric": "auc"})
+    result = train_segments(to_ray_dataset(spark.createDataFrame(data), ["store"]), config)
+    rows = result.segments.set_index("store")
+    assert (rows.status == "trained").all(), rows.reason.tolist()
+    rare = rows.index.str.startswith("rare")
+    assert rows.logit_auc[rare].isna().all() and rows.global_auc[rare].isna().all()
+    assert (rows.chosen[rare] == '["global"]').all(), rows.chosen[rare].tolist()
+    assert (rows.reason[rare] == "validation rows cannot rank candidates: auc undefined "
+            "(one class); served by the global model").all()
+    assert rows.logit_auc[~rare].notna().all() and rows.reason[~rare].isna().all()
+    models = result.models()  # no parts at all where every segment chose the global model
+    stored = models.column("store").to_pylist() if models.num_rows else []
+    assert not any(s.startswith("rare") for s in stored)  # the global model: none of its own
+    schema = pa.Schema.from_pandas(data, preserve_index=False)
+    segment = data[data.store == "rare0"]
+    for changes, chosen, served in (
+            ({"fallback": "none"}, ["baseline"], "the baseline"),
+            ({"selection": "local_only"}, ["logit", "lgbm"], "the mean of the candidates")):
+        row, members = train_segment(segment, ("rare0",), make_plan(
+            config.model_copy(update=changes), schema))
+        assert row.chosen == chosen and row.reason.endswith(f"served by {served}"), row
+        assert [m["weight"] for m in members] == [1.0 / len(chosen)] * len(chosen)
+
+
+def test_a_series_whose_backtest_windows_are_all_zero_is_served_by_its_reference(tmp_path):
+    """wape has no value where every backtest actual is zero (an intermittent series
+    that stopped selling): the naive baseline serves it with ``selection: all``, the mean
+    of the candidates with ``local_only``; the reason keeps the series' own notes."""
+    from raybricks.training.forecast.backtest import train_series
+
+    rng = np.random.default_rng(0)
+    sales = np.r_[rng.poisson(0.8, 60).astype(float), np.zeros(30)]
+    frame = pd.DataFrame({"store": "a", "day": pd.date_range("2024-01-01", periods=90),
+                          "sales": sales})
+    schema = pa.Schema.from_pandas(frame, preserve_index=False)
+    for selection, chosen, served in (("all", ["baseline"], "the baseline"), (
+            "local_only", ["ets", "snaive"], "the mean of the candidates")):
+        config = JobConfig.from_dict({
+            "source": {"table": "unused"}, "segment_by": ["store"], "target": "sales",
+            "time_column": "day", "task": "forecast", "min_rows": 20,
+            "models": [{"name": "ets", "kind": "statsforecast", "estimator": "AutoETS"},
+                       {"name": "snaive", "kind": "statsforecast",
+                        "estimator": "SeasonalNaive", "params": {"season_length": 7}}],
+            "forecast": {"horizon": 7, "frequency": "D"}, "selection": selection,
+            "validation": {"windows": 3, "step": 5, "metric": "wape"},
+            "training": {"output_dir": str(tmp_path), "progress": False}})
+        row, members = train_series(frame, ("a",), make_plan(config, schema))
+        assert row.status == "trained" and row.chosen == chosen, row
+        assert row.reason.startswith(
+            "validation rows cannot rank candidates: wape undefined (every actual is "
+            f"zero); served by {served}; intermittent: "), row.reason
+        assert [m["weight"] for m in members] == [1.0 / len(chosen)] * len(chosen)

@@ -6,7 +6,11 @@ standard errors of the paired loss differences on the validation rows, which mus
 every class of the segment), and then blended with the reference (``ensemble.shrink``).
 The reference is the global model, or the naive baseline where it is shown better by the
 same rule. Picking the best of several candidates on a few noisy rows rewards luck; the
-reference needs none.
+reference needs none. Where the validation rows cannot rank the candidates at all (the
+metric has no value for any of them: AUC on rows of one class, mape on rows whose actuals
+are all zero), the reference serves, or, with no reference (``selection: local_only``),
+the mean of the candidates that fitted; never the first of the job's list
+(``unranked``).
 
 ``cross_fitted``: the validation predictions of the selection made without each group of
 rows (a fold, a backtest window, or a fifth of a holdout), so the reported metric estimates
@@ -54,9 +58,11 @@ def is_reference(evaluation: Evaluation) -> bool:
 
 def choose(evaluations: list[Evaluation], plan: Plan) -> list[tuple[Evaluation, float]]:
     """The ensemble's members and weights by validation metric alone, from the
-    candidates that fitted."""
+    candidates that fitted and have a value (none where no candidate has one)."""
     metric = metrics.metric(plan.metric)
-    ok = sorted((e for e in evaluations if e.error is None), key=lambda e: metric.loss(e.value))
+    # a candidate without a value (NaN) cannot be ranked: it stays out of the ensemble
+    ok = sorted((e for e in evaluations if e.error is None and has_value(e)),
+                key=lambda e: metric.loss(e.value))
     if not ok:
         return []
     if plan.ensemble == "best":
@@ -76,9 +82,12 @@ def reference(evaluations: list[Evaluation], y: np.ndarray, plan: Plan) -> Evalu
     few: on the held-out rows of docs/benchmarks.md the baseline was behind it on
     average on every dataset, and where it won a few validation rows by luck (county
     murder rates, 3 rows each) it cost most of the registered model's gap to the
-    global model alone."""
-    found = {e.candidate.name: e for e in evaluations
-             if e.error is None and is_reference(e) and np.isfinite(e.value)}
+    global model alone. Where no candidate has a value on these rows (``unranked``), a
+    reference whose predictions are all finite is one."""
+    fitted = [e for e in evaluations if e.error is None]
+    ranked = any(has_value(e) for e in fitted)
+    found = {e.candidate.name: e for e in fitted if is_reference(e) and (
+        has_value(e) if ranked else finite_predictions(e))}
     naive, pooled = found.get("baseline"), found.get("global")
     if naive is None or pooled is None:
         return naive or pooled
@@ -89,7 +98,10 @@ def select(evaluations: list[Evaluation], y: np.ndarray, plan: Plan
            ) -> list[tuple[Evaluation, float]]:
     """``choose``, then the noise rule: anything but the reference (a local candidate, a
     blend) serves only when it is shown better than the reference on the rows ``y``,
-    and then blended with it (``shrunk``)."""
+    and then blended with it (``shrunk``). Where the rows cannot rank the candidates,
+    ``unranked_choice``."""
+    if unranked(evaluations, y, plan) is not None:
+        return unranked_choice(evaluations, y, plan)
     chosen = choose(evaluations, plan)
     fallback = reference(evaluations, y, plan)
     if not chosen or fallback is None or [e for e, _ in chosen] == [fallback]:
@@ -97,6 +109,68 @@ def select(evaluations: list[Evaluation], y: np.ndarray, plan: Plan
     if shown_better(y, blended(chosen), fallback.predictions, plan):
         return shrunk(chosen, fallback, plan.shrink)
     return [(fallback, 1.0)]
+
+
+def has_value(evaluation: Evaluation) -> bool:
+    """Whether a candidate's metric has a value on the validation rows (not NaN)."""
+    return evaluation.value is not None and bool(np.isfinite(evaluation.value))
+
+
+def finite_predictions(evaluation: Evaluation) -> bool:
+    """Whether a candidate predicted every validation row (no NaN or infinite value)."""
+    return evaluation.predictions is not None and bool(
+        np.isfinite(evaluation.predictions).all())
+
+
+def unranked(evaluations: list[Evaluation], y: np.ndarray, plan: Plan) -> str | None:
+    """Why the validation rows ``y`` cannot rank the candidates: the metric has no value
+    for any candidate that fitted (``<metric> undefined (<cause>)``); None where they
+    can (or where nothing fitted)."""
+    fitted = [e for e in evaluations if e.error is None]
+    if not fitted or any(has_value(e) for e in fitted):
+        return None
+    return f"{plan.metric} undefined ({undefined_cause(y, plan)})"
+
+
+def undefined_cause(y: np.ndarray, plan: Plan) -> str:
+    """What in the validation rows leaves the metric without a value."""
+    if len(y) == 0:
+        return "no rows"
+    if plan.task in CLASSIFICATION and len(np.unique(y)) < 2:
+        return "one class"
+    if not np.any(y):
+        return "every actual is zero"
+    if np.all(y == y.flat[0]):
+        return "constant actuals"
+    return "NaN for every candidate"
+
+
+def unranked_choice(evaluations: list[Evaluation], y: np.ndarray, plan: Plan
+                    ) -> list[tuple[Evaluation, float]]:
+    """What serves where the validation rows cannot rank the candidates (``unranked``):
+    the reference alone (the global model, or the baseline where it is shown better on
+    the rows' own losses, or the only one competing), with no noise rule and no shrink,
+    since nothing was shown better than it; with no reference (``selection:
+    local_only``), the mean of every candidate that fitted (those that predicted every
+    row, if any did): none ranks above another, so none is left out and none is first."""
+    fallback = reference(evaluations, y, plan)
+    if fallback is not None:
+        return [(fallback, 1.0)]
+    fitted = [e for e in evaluations if e.error is None]
+    members = [e for e in fitted if finite_predictions(e)] or fitted
+    return [(e, 1.0 / len(members)) for e in members]
+
+
+def unranked_note(why: str, chosen: list[tuple[Evaluation, float]]) -> str:
+    """The result row's reason for a segment served by ``unranked_choice``."""
+    if len(chosen) == 1 and is_reference(chosen[0][0]):
+        served = "the global model" if chosen[0][0].candidate.name == "global" else (
+            "the baseline")
+    elif len(chosen) == 1:
+        served = "the only candidate that fitted"
+    else:
+        served = "the mean of the candidates"
+    return f"validation rows cannot rank candidates: {why}; served by {served}"
 
 
 def shown_better(y: np.ndarray, pred: np.ndarray, incumbent: np.ndarray, plan: Plan) -> bool:
@@ -237,7 +311,8 @@ def summarize(
     cross: np.ndarray | None = None,
 ) -> list[tuple[Evaluation, float]]:
     """Fill the row's metrics (baseline, every candidate, the selection's cross-fitted
-    estimate) and its choice; returns the ensemble's members. ``groups``: each
+    estimate) and its choice (in ``reason``, why where the validation rows cannot rank
+    the candidates: ``unranked``); returns the ensemble's members. ``groups``: each
     validation row's fold or window (None: one holdout, cross-fitted in fifths);
     ``cross``: the cross-fitted predictions over ``groups``, when the caller has them.
     Raises when every local candidate failed."""
@@ -254,6 +329,9 @@ def summarize(
             + " | ".join(f"{e.candidate.name}: {e.error}" for e in local)
         )
     chosen = select(evaluations, y_valid, plan)
+    why = unranked(evaluations, y_valid, plan)
+    if why is not None:
+        row.reason = unranked_note(why, chosen)
     if groups is None:
         groups = interleaved(len(y_valid))
     if cross is not None:

@@ -311,8 +311,8 @@ class SeriesUnit(Unit):
         for name, share in (self.made.seconds if self.made is not None else {}).items():
             if name in row.seconds:  # backtested with its block: its share of that
                 row.seconds[name] += share
-        if bt.series.notes:
-            row.reason = "; ".join(bt.series.notes)
+        if bt.series.notes:  # after the selection's own (summarize), if it wrote one
+            row.reason = "; ".join([*([row.reason] if row.reason else []), *bt.series.notes])
         return chosen
 
     def members(self, bt: Backtest, chosen: Chosen) -> list[dict[str, Any]]:

@@ -416,8 +416,9 @@ class LargeSegment(Unit):
         info = prepared[2]
         chosen = summarize(row, evaluations, info["y_valid"], info["baseline"], self.plan)
         skipped = [c.name for c in self.plan.candidates if not data_parallel(c)]
-        row.reason = (f"large segment: not data-parallel, not fitted: {skipped}"
-                      if skipped else None)
+        if skipped:  # after the selection's own (summarize), if it wrote one
+            row.reason = "; ".join([*([row.reason] if row.reason else []),
+                                    f"large segment: not data-parallel, not fitted: {skipped}"])
         return chosen
 
     def members(self, prepared: tuple, chosen: Chosen) -> list[dict[str, Any]]:
