@@ -1096,3 +1096,51 @@ def test_validate_reports_duplicate_dates_before_training(spark, tmp_path):
     assert "forecast.duplicates: skip skips those series (set forecast.duplicates: sum, " \
         "mean or last to keep them)" in described(twice, duplicates="skip")
     assert "duplicate dates: none" in described(pd.concat(frames))
+
+
+def test_a_retrain_of_some_series_keeps_every_other_forecast(ray_on_spark, spark, tmp_path):
+    """``fallback: global`` with a global lag model that series continue or blend with:
+    a retrain of two series keeps the champion's global model (``global_model: keep``),
+    and with ``global_model: refit`` a new one fitted on every series; either way every
+    other series forecasts exactly as before, intervals included."""
+    import mlflow
+
+    from raybricks import pipeline
+
+    name = "tests.forecast.retrain"
+    data = stores()
+    data.to_parquet(tmp_path / "stores.parquet", coerce_timestamps="us")
+    settings = {"models": MODELS, "fallback": "global",
+                "forecast": {"horizon": HORIZON, "frequency": "D", "lags": [1, 7],
+                             "date_features": ["dayofweek"], "intervals": [80]},
+                "registry": {"name": name}}
+    first = pipeline.train(forecast_job(tmp_path / "runs", source={
+        "path": str(tmp_path / "stores.parquet")}, **settings), spark).publication
+    days = pd.date_range(data.day.max() + pd.Timedelta(days=1), periods=HORIZON)
+    frame = pd.DataFrame([{"store": store, "day": day} for store in data.store.unique()
+                          for day in days])
+
+    def forecasts() -> pd.DataFrame:
+        model = mlflow.pyfunc.load_model(f"models:/{name}@champion")
+        return pd.DataFrame(model.predict(frame, params={"intervals": True}))
+
+    before = forecasts()
+    index = pd.read_parquet(Path(mlflow.artifacts.download_artifacts(
+        f"models:/{name}/{first.version}", dst_path=str(tmp_path / "first")))
+        / "artifacts" / "segments" / "index.parquet")
+    assert index.chosen.str.contains("global").sum() >= 3  # the global model serves
+    later = data.copy()
+    later.loc[later.store.isin(["season0", "noise0"]), "sales"] += 25
+    later.to_parquet(tmp_path / "later.parquet", coerce_timestamps="us")
+    pd.DataFrame({"store": ["season0", "noise0"]}).to_parquet(tmp_path / "retrain.parquet")
+    retrain = {"source": {"path": str(tmp_path / "later.parquet"),
+                          "segments": str(tmp_path / "retrain.parquet")}} | settings
+    others = ~frame.store.isin(["season0", "noise0"]).to_numpy()
+    for choice in ("keep", "refit"):
+        report = pipeline.train(forecast_job(tmp_path / "runs", global_model=choice,
+                                             **retrain), spark)
+        assert report.publication.decision["decision"] == "merged", choice
+        after = forecasts()
+        pd.testing.assert_frame_equal(after[others], before[others], check_exact=True)
+        moved = frame.store.eq("season0").to_numpy()
+        assert after.prediction[moved].mean() > before.prediction[moved].mean() + 15, choice
