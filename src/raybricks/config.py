@@ -498,7 +498,8 @@ class EnsembleConfig(StrictModel):
     #: (``selection: all``); docs/training.md.
     margin: float = Field(default=1.0, ge=0)
     #: The reference's share of the weight when a local model or blend replaces it (0:
-    #: the winner alone; 1: the reference alone). Default: 0.5 for the table tasks
+    #: the winner alone, or a top-k blend as ranked, which may hold the global model at
+    #: its rank's weight; 1: the reference alone). Default: 0.5 for the table tasks
     #: (validation wins are partly luck and partly a period that does not last;
     #: docs/training.md), 0 for task forecast, whose naive reference is weaker
     #: (docs/forecasting.md).
