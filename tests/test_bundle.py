@@ -21,6 +21,7 @@ import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import yaml
 
@@ -383,7 +384,7 @@ def test_monitoring_job_monitors_the_champion_then_retrains_what_it_found(bundle
     config = JobConfig.load(retrain.config, cli_overrides(retrain))
     assert config.source.segments == monitor.output
     assert config.source.statuses == ["degraded", "new"]
-    assert config.registry.promote == "replace"
+    assert config.registry.promote == "replace" and config.global_model == "keep"
     assert monitor.model == f"models:/{config.registry.name}@champion"
     training = {t["task_key"]: t for t in bundle["resources"]["jobs"]["training"]["tasks"]}
     assert retrain.config == resolve(
@@ -421,3 +422,76 @@ def test_every_job_config_loads_and_the_task_types_are_covered(capsys):
         assert main(["validate", "--config", str(path), "--no-source"]) == 0, path
         assert "config valid" in capsys.readouterr().out
     assert set(tasks) == {"regression", "binary", "multiclass", "forecast"}, tasks
+
+
+#: Timestamps Spark reads (pandas writes nanoseconds by default).
+MICROSECONDS = {"coerce_timestamps": "us", "allow_truncated_timestamps": True}
+
+
+def test_the_monitoring_loop_with_the_demo_config_keeps_every_untouched_answer(
+        ray_on_spark, spark, bundle, tmp_path):
+    """The bundle's monitor and retrain tasks, their parameters as deployed (only the
+    paths made local), on the demo job's config (jobs/route_delay.yml: three candidates,
+    ``fallback: global``, the default shrink) over ten public routes: the routes whose
+    October delays moved are retrained, and every other route answers November's
+    flights exactly as the champion did."""
+    import mlflow
+    import numpy as np
+
+    from raybricks import cli, pipeline
+    from raybricks.flights_demo import flights_with_weather
+
+    flights = flights_with_weather()
+    flights["route"] = flights.origin + "-" + flights.dest
+    counts = flights.route.value_counts()
+    routes = sorted(counts[(counts > 1200) & (counts < 2500)].index)[:10]
+    flights = flights[flights.route.isin(routes)].drop(columns="route")
+    moved = flights.origin + "-" + flights.dest == routes[0]
+    flights.loc[moved & (flights.month == 10), "arr_delay"] += 90  # a new regime
+    flights[flights.month <= 9].to_parquet(tmp_path / "until-september.parquet", **MICROSECONDS)
+    flights[flights.month <= 10].to_parquet(tmp_path / "until-october.parquet", **MICROSECONDS)
+    flights[flights.month == 10].to_parquet(tmp_path / "october.parquet", **MICROSECONDS)
+    demo = yaml.safe_load((REPO / "jobs" / "route_delay.yml").read_text())
+    tasks = {t["task_key"]: t for t in bundle["resources"]["jobs"]["monitoring"]["tasks"]}
+    params = {key: [resolve(p, bundle) for p in tasks[key]["python_wheel_task"]["parameters"]]
+              for key in ("monitor", "retrain")}
+    model = params["monitor"][params["monitor"].index("--model") + 1]
+    name = model.removeprefix("models:/").split("@")[0]
+
+    def config_file(source: str) -> str:
+        path = tmp_path / "route_delay.yml"
+        path.write_text(yaml.safe_dump(demo | {
+            "source": {"path": str(tmp_path / source), "where": "month <= 10"},
+            "registry": demo["registry"] | {"name": name},
+            "training": {"output_dir": str(tmp_path / "runs"), "progress": False}}))
+        return str(path)
+
+    champion = pipeline.train(JobConfig.load(config_file("until-september.parquet")),
+                              spark).publication
+
+    def local(argv: list[str], values: dict[str, str]) -> list[str]:
+        return [values.get(argv[i - 1], a) if i else a for i, a in enumerate(argv)]
+
+    assert cli.main(local(params["monitor"], {
+        "--outcomes": str(tmp_path / "october.parquet"),
+        "--output": str(tmp_path / "monitoring")})) == 0
+    assert cli.main([*local(params["retrain"], {
+        "--config": config_file("until-october.parquet"),
+        "--segments-from-monitor": str(tmp_path / "monitoring")}),
+        "--set", f"data.staging_dir={tmp_path / 'staging'}",
+        "--set", f"training.output_dir={tmp_path / 'runs'}"]) == 0
+    merged = mlflow.MlflowClient().get_model_version_by_alias(name, "champion")
+    assert merged.version != champion.version
+    index = pd.read_parquet(Path(mlflow.artifacts.download_artifacts(
+        f"models:/{name}/{merged.version}", dst_path=str(tmp_path / "merged")))
+        / "artifacts" / "segments" / "index.parquet")
+    index["route"] = index.origin + "-" + index.dest
+    retrained = set(index.route[index.source != f"version {champion.version}"])
+    assert routes[0] in retrained and len(retrained) < len(routes)
+    assert index.chosen.fillna("global").str.contains("global").mean() >= 0.5  # shared
+    november = flights[flights.month == 11]
+    untouched = ~(november.origin + "-" + november.dest).isin(retrained).to_numpy()
+    before, after = (np.asarray(mlflow.pyfunc.load_model(f"models:/{name}/{v}").predict(
+        november), dtype=float) for v in (champion.version, merged.version))
+    assert untouched.sum() > 500
+    np.testing.assert_array_equal(after[untouched], before[untouched])

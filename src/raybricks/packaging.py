@@ -29,6 +29,7 @@ from raybricks.results import TrainingResult, float_values, part_files, rows_to_
 from raybricks.segmented_model import (
     CLASSIFICATION,
     FALLBACK,
+    FORMAT_VERSION,
     GLOBAL,
     INDEX,
     MANIFEST,
@@ -42,9 +43,6 @@ from raybricks.segmented_model import (
     trained_versions,
 )
 
-#: 2: a version may hold several global models (``fallback.parquet``'s ``global``
-#: column); each index row names the one its segment was trained with (``global``).
-FORMAT_VERSION = 2
 SEGMENTS_PER_ROW_GROUP = 256
 SEGMENTS_PER_SHARD = 20_000
 #: Index rows per row group at least (a merge yields a few hundred segments at a time).

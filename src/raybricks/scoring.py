@@ -36,6 +36,7 @@ from raybricks.errors import DataError, RaybricksError, key_text
 from raybricks.kinds.forecasting import interval_columns
 from raybricks.segmented_model import (
     CLASSIFICATION,
+    FORMAT_VERSION,
     INDEX,
     MANIFEST,
     NO_INTERVALS,
@@ -54,7 +55,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-SUPPORTED_FORMAT = 1
 #: The start of scikit-learn's InconsistentVersionWarning, raised per unpickled estimator.
 SKLEARN_VERSION_WARNING = "Trying to unpickle estimator"
 #: The archive of a model's segments that scoring ships; ``{}``: a digest of its files.
@@ -345,7 +345,7 @@ def fetch_model(model_uri: str) -> tuple[Path, dict]:
     if not manifest_path.exists():
         raise RaybricksError(f"{model_uri} is not a raybricks segmented model (no {MANIFEST})")
     manifest = json.loads(manifest_path.read_text())
-    if manifest.get("format_version", 1) > SUPPORTED_FORMAT:
+    if manifest.get("format_version", 1) > FORMAT_VERSION:
         raise RaybricksError(
             f"{model_uri} was written by a newer raybricks (format "
             f"{manifest['format_version']}); upgrade raybricks to score it"

@@ -259,6 +259,10 @@ class SegmentModel:
 
 # --------------------------------------------------------------------------- the store
 
+#: The newest model directory format this module reads (and packaging writes). 2: a
+#: version may hold several global models (``fallback.parquet``'s ``global`` column);
+#: each index row names the one its segment was trained with (``global``).
+FORMAT_VERSION = 2
 MANIFEST = "manifest.json"
 INDEX = "index.parquet"
 #: The global models a version holds (each member row's ``global`` column names its
