@@ -1098,6 +1098,7 @@ def test_validate_reports_duplicate_dates_before_training(spark, tmp_path):
     assert "duplicate dates: none" in described(pd.concat(frames))
 
 
+@pytest.mark.topology
 def test_a_retrain_of_some_series_keeps_every_other_forecast(ray_on_spark, spark, tmp_path):
     """``fallback: global`` with a global lag model that series continue or blend with:
     a retrain of two series keeps the champion's global model (``global_model: keep``),
