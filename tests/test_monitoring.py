@@ -311,3 +311,278 @@ def test_numeric_bins_are_numpys_quantiles_and_bincounts():
         counts = np.bincount(profiles.numeric_bins(values, edges), minlength=len(edges) + 2)
         assert found["edges"] == edges.tolist()
         assert found["shares"] == np.round(counts / n, 6).tolist()
+
+
+# ------------------------------------------------- a segment's numbers never end the job
+
+TREE = [{"name": "tree", "kind": "sklearn", "estimator": "sklearn.tree.DecisionTreeRegressor",
+         "params": {"max_depth": 4}}]
+#: The ``exact`` store's target: a function of its colour alone, which a tree learns
+#: exactly (its validation error is 0).
+BY_COLOUR = {"red": 10.0, "green": 20.0, "blue": 30.0}
+
+
+def exact_store(n: int, seed: int) -> pd.DataFrame:
+    rng = np.random.default_rng(seed)
+    color = rng.choice(list(BY_COLOUR), n)
+    return pd.DataFrame({"store": "exact", "day": np.arange(n), "x1": rng.normal(size=n),
+                         "x2": rng.normal(size=n), "color": color.astype(object),
+                         "y": pd.Series(color).map(BY_COLOUR).to_numpy()})
+
+
+@pytest.fixture(scope="module")
+def perfect_model(ray_on_spark, spark, tmp_path_factory):
+    """A registered model of four stores: ``exact`` fitted perfectly (validation rmse
+    exactly 0), ``constant`` skipped (no validation), s0 and s1 as usual."""
+    from raybricks import pipeline
+
+    folder = tmp_path_factory.mktemp("perfect")
+    data = helpers.shops()
+    data = pd.concat([data[data.store.isin(["s0", "s1", "constant"])], exact_store(80, 0)],
+                     ignore_index=True)
+    data.to_parquet(folder / "history.parquet")
+    name = "tests.monitor.perfect"
+    config = job(folder / "runs", source={"path": str(folder / "history.parquet")},
+                 models=TREE, ensemble={"method": "best", "shrink": 0},
+                 registry={"name": name})
+    pipeline.train(config, spark)
+    return f"models:/{name}@champion"
+
+
+def awkward_outcomes() -> pd.DataFrame:
+    """Outcomes with the model's predictions, each store awkward in its own way: ``exact``
+    now 5 off what it learnt perfectly (realized 5 against validation 0), ``constant``
+    as trained (no validation to compare with), s0 with NaN predictions only, s1 with a
+    constant target its predictions miss by 10."""
+    later = helpers.shops(seed=5)
+    s0 = later[later.store == "s0"].head(30).assign(prediction=np.nan)
+    s1 = later[later.store == "s1"].head(30).assign(y=3.0, prediction=13.0)
+    constant = later[later.store == "constant"].head(30).assign(prediction=7.0)
+    exact = exact_store(30, 7)
+    exact = exact.assign(prediction=exact.y, y=exact.y + 5)
+    return pd.concat([s0, s1, constant, exact], ignore_index=True)
+
+
+def test_a_zero_or_missing_validation_constant_targets_and_nan_predictions_are_judged(
+        perfect_model, spark, tmp_path):
+    """Nothing in a segment's numbers ends ``monitor``: a validation error of 0 (Spark's
+    ANSI mode refuses to divide by it) is judged by the test, the worst of all; a
+    missing validation is said; NaN predictions are unscored rows; the run is logged."""
+    import mlflow
+
+    from raybricks import pipeline
+
+    output = str(tmp_path / "monitoring")
+    report = pipeline.monitor(perfect_model, spark.createDataFrame(awkward_outcomes()),
+                              output, spark=spark)
+    table = pd.read_parquet(output).set_index("store")
+    assert table.loc["exact", "validation"] == 0.0  # trained perfectly: not a made-up 0
+    assert table.loc["exact", "status"] == DEGRADED, table.loc["exact", "reason"]
+    assert "realized rmse 5 against 0 in validation" in table.loc["exact", "reason"]
+    assert table.loc["s1", "status"] == DEGRADED, table.loc["s1", "reason"]
+    assert table.loc["constant", "status"] == OK
+    assert np.isnan(table.loc["constant", "validation"])
+    assert "validation n/a" in table.loc["constant", "reason"]
+    assert table.loc["s0", "status"] == OK and table.loc["s0", "scored_rows"] == 0
+    assert table.loc["s0", "rows"] == 30 and np.isnan(table.loc["s0", "realized"])
+    assert "30 row(s) without a prediction" in table.loc["s0", "reason"]
+    assert report.counts == {DEGRADED: 2, OK: 2}
+    assert report.worst[0].startswith("exact: ")  # infinitely worse than in validation
+    run = mlflow.get_run(report.run_id)
+    assert run.data.metrics["segments_degraded"] == 2
+    assert run.data.tags["raybricks.output"] == output
+    assert "raybricks.monitor.problems" not in run.data.tags
+    worst = json.loads(mlflow.artifacts.load_text(
+        f"runs:/{report.run_id}/monitoring/worst_segments.json"))
+    assert [row[0] for row in worst["data"]] == ["exact", "s1"]
+
+
+def no_warnings(judge_call):
+    """``judge_call()`` with every warning an error (numpy's division by zero, too)."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        return judge_call()
+
+
+def test_unscored_rows_are_counted_and_their_reason_given():
+    rng = np.random.default_rng(8)
+    y = rng.normal(5, 1, 40)
+    frame = pd.DataFrame({"y": y, "prediction": y + rng.normal(0, 1, 40)})
+    frame.loc[:4, "prediction"] = np.nan
+    frame.loc[5, "prediction"] = np.inf
+    frame.loc[6:8, "y"] = np.nan
+    found = no_warnings(lambda: judged(frame))
+    assert found["rows"] == 40 and found["scored_rows"] == 31 and found["status"] == OK
+    assert found["reason"].endswith("; unscored: 6 row(s) without a prediction (missing or "
+                                    "NaN), 3 row(s) without an actual (missing or NaN)")
+    nothing = no_warnings(lambda: judged(frame.assign(prediction=np.nan)))
+    assert nothing["scored_rows"] == 0 and nothing["realized"] is None
+    assert nothing["reason"] == ("0 scored row(s): too few to judge (min_rows 10); unscored: "
+                                 "40 row(s) without a prediction (missing or NaN)")
+
+
+def test_a_validation_of_zero_is_judged_by_the_test_and_a_metric_without_value_said():
+    y = np.full(30, 5.0)  # a constant target
+    exact = no_warnings(lambda: judged(pd.DataFrame({"y": y, "prediction": y}),
+                                       validation=0.0))
+    assert exact["status"] == OK and exact["realized"] == 0.0
+    off = no_warnings(lambda: judged(pd.DataFrame({"y": y, "prediction": y + 0.5}),
+                                     validation=0.0))
+    assert off["status"] == DEGRADED
+    assert "realized rmse 0.5 against 0 in validation (worse than a perfect validation)" \
+        in off["reason"]
+    # r2 has no value on a constant target, yet the naive baseline (5) clearly does better
+    r2 = no_warnings(lambda: judged(pd.DataFrame({"y": y, "prediction": y + 3.0}),
+                                    validation=0.9, metric="r2",
+                                    profile={"rows": 100, "naive": [5.0], "features": {}}))
+    assert r2["realized"] is None and r2["baseline_realized"] is None
+    assert r2["status"] == DEGRADED
+    assert "naive baseline does better on these 30 rows (r2 n/a against n/a)" in r2["reason"]
+    # a stored MASE scale of 0 (no in-sample error) is not divided by
+    mase = no_warnings(lambda: judged(pd.DataFrame({"y": y, "prediction": y + 1.0}),
+                                      validation=1.0, metric="mase", profile={
+                                          "rows": 100, "naive": [5.0], "features": {},
+                                          "scale": 0.0}))
+    assert mase["realized"] == 1.0 and mase["status"] == DEGRADED
+
+
+def test_rows_without_a_time_and_empty_periods_are_silent_not_lost(perfect_model, spark,
+                                                                   tmp_path):
+    """Judged per week: a store whose rows are all in an earlier week, and one whose rows
+    have no time, are silent in the latest week (counted, the reason says why); a store
+    whose actuals are all missing is not judged; no store is left out of the counts."""
+    from raybricks import pipeline
+
+    monday = pd.Timestamp("2024-03-04")
+    later = helpers.shops(seed=6)
+
+    def rows(store, when, **values):
+        found = later[later.store == store].head(20).assign(when=when)
+        return found.assign(prediction=found.y, **values)
+
+    outcomes = pd.concat([
+        rows("constant", monday), rows("constant", monday + pd.Timedelta(days=7)),
+        rows("s0", monday),  # nothing in the latest week
+        rows("s1", monday + pd.Timedelta(days=8), y=np.nan),  # actuals not in yet
+        rows("s1", monday, y=np.nan),
+        exact_store(20, 9).assign(when=pd.NaT, prediction=lambda f: f.y),  # no time
+        rows("s5", monday + pd.Timedelta(days=9)).assign(store="s9"),  # a new store
+    ], ignore_index=True)
+    output = str(tmp_path / "weekly")
+    report = pipeline.monitor(perfect_model, spark.createDataFrame(outcomes), output,
+                              spark=spark, period="week", time_column="when", log_run=False)
+    latest = str((monday + pd.Timedelta(days=7)).date())
+    assert report.latest_period == latest
+    table = pd.read_parquet(output)
+    now = table[table.period == latest].set_index("store")
+    assert report.counts == {OK: 2, SILENT: 2, NEW: 1} and len(now) == 5
+    assert now.loc["s0", "status"] == SILENT
+    assert now.loc["s0", "reason"] == (f"no rows in the latest period {latest}; last rows in "
+                                       f"{monday.date()}")
+    assert now.loc["exact", "status"] == SILENT
+    assert now.loc["exact", "reason"] == (f"no rows in the latest period {latest}; its rows "
+                                          "have no time (no period)")
+    undated = table[table.period.isna()].set_index("store")  # measured all the same
+    assert undated.loc["exact", "scored_rows"] == 20 and undated.loc["exact", "realized"] == 0
+    assert now.loc["s1", "status"] == OK and now.loc["s1", "scored_rows"] == 0
+    assert now.loc["s1", "reason"].endswith("unscored: 20 row(s) without an actual (missing "
+                                            "or NaN)")
+    assert now.loc["constant", "status"] == OK and now.loc["s9", "status"] == NEW
+
+
+def test_empty_outcomes_make_every_segment_silent_and_the_run_is_logged(perfect_model, spark,
+                                                                        tmp_path):
+    import mlflow
+    from pyspark.sql import functions as F
+
+    from raybricks import pipeline
+
+    output = str(tmp_path / "monitoring")
+    nothing = spark.createDataFrame(awkward_outcomes().assign(when=pd.Timestamp("2024-03-04"))
+                                    ).where(F.lit(False))
+    report = pipeline.monitor(perfect_model, nothing, output, spark=spark, period="week",
+                              time_column="when")
+    assert report.counts == {SILENT: 4} and report.latest_period is None and not report.worst
+    table = pd.read_parquet(output)
+    assert (table.reason == "no rows in the outcomes").all() and len(table) == 4
+    run = mlflow.get_run(report.run_id)
+    assert run.data.metrics["segments_silent"] == 4 and run.info.status == "FINISHED"
+    assert "raybricks.monitor.problems" not in run.data.tags and not report.problems
+    with pytest.raises(DataError, match="'day', which holds bigint values: give a date"):
+        pipeline.monitor(perfect_model, nothing, output, spark=spark, period="week",
+                         time_column="day")  # said, not Spark's type mismatch
+
+
+def test_a_failure_after_the_table_is_written_still_logs_the_run_or_says_what_to_do(
+        perfect_model, spark, tmp_path, monkeypatch):
+    """The table is written: a summary part or a plot that fails leaves the rest of the
+    run logged, its tag and the report saying what is missing; an MLflow that cannot
+    start the run gets a message naming the table and the command that retrains from
+    it (a RaybricksError: the CLI prints it, not "the likely cause is the environment")."""
+    import mlflow
+    from mlflow.exceptions import MlflowException
+
+    from raybricks import monitoring, pipeline
+    from raybricks.errors import RaybricksError
+    from raybricks.sources import monitored_segments
+    from raybricks.tracking import monitoring as tracked
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("out of luck\nsecond line")
+
+    monkeypatch.setattr(monitoring, "realized_against_validation", broken)
+    monkeypatch.setattr(tracked, "draw", broken)
+    outcomes = spark.createDataFrame(awkward_outcomes())
+    output = str(tmp_path / "monitoring")
+    report = pipeline.monitor(perfect_model, outcomes, output, spark=spark)
+    assert report.counts == {DEGRADED: 2, OK: 2}
+    assert report.problems == [
+        "summing up realized against validation failed (RuntimeError: out of luck)",
+        "logging the plot segments.png failed (RuntimeError: out of luck)"]
+    assert "incomplete: summing up realized against validation failed" in report.summary()
+    run = mlflow.get_run(report.run_id)
+    assert run.data.tags["raybricks.monitor.problems"] == "; ".join(report.problems)
+    assert run.data.metrics["segments_degraded"] == 2
+    assert "realized_median" not in run.data.metrics
+    found = monitored_segments(report.run_id, ["degraded"], spark)  # the retrain's input
+    assert sorted(r.store for r in found.collect()) == ["exact", "s1"]
+
+    def refused(*args, **kwargs):
+        raise MlflowException("API request to http://mlflow failed: connection refused")
+
+    monkeypatch.setattr(mlflow, "start_run", refused)
+    again = str(tmp_path / "monitoring-again")
+    with pytest.raises(tracked.MonitoringRunError) as raised:
+        pipeline.monitor(perfect_model, outcomes, again, spark=spark)
+    assert isinstance(raised.value, RaybricksError)
+    assert str(raised.value) == (
+        f"the monitoring table {again} is written, but its MLflow run could not be logged: "
+        "starting the run failed (MlflowException: API request to http://mlflow failed: "
+        "connection refused). Retrain from the table itself: raybricks train --config "
+        f"<the model's job config> --segments-from-monitor {again} --statuses "
+        "degraded,new; or rerun raybricks monitor once MLflow answers")
+    assert len(pd.read_parquet(again)) == 4
+
+
+def test_a_segment_monitoring_fails_on_is_said_in_its_row_not_the_end_of_the_job():
+    """A segment whose stored numbers break the judge (a profile's naive values that are
+    not numbers) gets a row saying it was not judged and why; the others are judged."""
+    from raybricks.monitoring import NOT_JUDGED, measure_partitions
+
+    judge = Judge({"metric": "rmse", "task": "regression", "forecast": None}, Thresholds(),
+                  "y", ["prediction"], "1")
+    good = json.dumps({"rows": 100, "naive": [0.0], "features": {}})
+    broken = json.dumps({"rows": 100, "naive": "n/a", "features": {}})
+    frame = pd.DataFrame({"store": ["a"] * 12 + ["b"] * 12, "y": np.arange(24.0),
+                          "prediction": np.arange(24.0) + 0.1, "_model_status": "trained",
+                          "_validation": 0.1, "_validation_baseline": 2.0,
+                          "_profile": [good] * 12 + [broken] * 12})
+    parts = measure_partitions(judge, ["store"], False)(iter([frame]))
+    found = pd.DataFrame([row for part in parts for row in part.to_dict("records")])
+    found = found.set_index("store")
+    assert found.loc["a", "status"] == OK and found.loc["a", "scored_rows"] == 12
+    assert found.loc["b", "status"] == OK and found.loc["b", "rows"] == 12
+    assert found.loc["b", "reason"].startswith(f"{NOT_JUDGED} (ValueError: could not convert")
+    assert found.loc["b", "validation"] == 0.1 and found.loc["b", "model_version"] == "1"

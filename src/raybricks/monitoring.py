@@ -20,12 +20,20 @@ status with its reason:
 
 Forecasting models: each row's horizon step is its period's position after the series'
 history; the realized metric is also given per step (``step_errors``).
+
+No segment's numbers end the job: a validation error of 0 is judged by the same test
+(any realized error is worse than it), a metric without a value (a missing validation,
+r2 of a constant target) reads "n/a", rows without a prediction or an actual are
+counted as unscored and said in the reason, and a segment the judge still fails on gets
+a row saying it was not judged (``NOT_JUDGED``). ``summarize`` sums up the written table
+for the report and the MLflow run, part by part: a part that fails is said, not fatal.
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,10 +50,14 @@ if TYPE_CHECKING:
     import pandas as pd
     from pyspark.sql import DataFrame, SparkSession
 
+log = logging.getLogger(__name__)
+
 OK, DEGRADED, DRIFTED, NEW, SILENT = "ok", "degraded", "drifted", "new", "silent"
 #: One segment's (or period's) rows as a task reads them: column name -> values.
 Columns = dict[str, np.ndarray]
 STATUSES = (OK, DEGRADED, DRIFTED, NEW, SILENT)
+#: How the reason of a segment's period that monitoring failed to judge begins.
+NOT_JUDGED = "not judged: monitoring failed on its rows"
 #: Periods ``--period`` cuts outcomes into (Spark's ``date_trunc`` units).
 PERIODS = ("day", "week", "month", "quarter", "year")
 #: A metric that is the mean of its row losses, and the validation value's row-loss
@@ -110,22 +122,28 @@ class Judge:
         return metrics.metric(self.manifest["metric"])
 
     def actual_and_predicted(self, rows: Columns) -> tuple[np.ndarray, np.ndarray,
-                                                            np.ndarray]:
+                                                            np.ndarray, dict[str, int]]:
         """The rows with an actual and a prediction: their positions, actuals (class
-        codes for classification) and predictions (a probability matrix)."""
+        codes for classification) and predictions (a probability matrix); and how many
+        rows were left out, by why (a missing, NaN or infinite prediction; then a
+        missing actual, or a class the model does not know)."""
         import pandas as pd
 
         predicted = np.column_stack([profiles.floats(rows[c]) for c in self.predictions])
-        usable = np.isfinite(predicted).all(axis=1)
+        has_prediction = np.isfinite(predicted).all(axis=1)
         if self.manifest["task"] in CLASSIFICATION:
             classes = self.manifest.get("classes") or []
-            codes = pd.Index(classes).get_indexer(rows[self.target].astype(object))
-            usable &= codes >= 0
-            kept = np.flatnonzero(usable)
-            return kept, codes[kept], predicted[kept]
-        actual = profiles.floats(rows[self.target])
-        kept = np.flatnonzero(usable & np.isfinite(actual))
-        return kept, actual[kept], predicted[kept, 0]
+            actual = pd.Index(classes).get_indexer(rows[self.target].astype(object))
+            has_actual, no_actual = actual >= 0, "without an actual of the model's classes"
+        else:
+            actual = profiles.floats(rows[self.target])
+            has_actual, no_actual = np.isfinite(actual), "without an actual (missing or NaN)"
+        kept = np.flatnonzero(has_prediction & has_actual)
+        left_out = {"without a prediction (missing or NaN)": int((~has_prediction).sum()),
+                    no_actual: int((has_prediction & ~has_actual).sum())}
+        if self.manifest["task"] in CLASSIFICATION:
+            return kept, actual[kept], predicted[kept], left_out
+        return kept, actual[kept], predicted[kept, 0], left_out
 
     def judge(self, columns: Columns) -> dict[str, Any]:
         """One segment's period (its rows: ``columns``, name -> values) measured and
@@ -133,11 +151,12 @@ class Judge:
         status_in_model = columns["_model_status"][0]
         profile = columns["_profile"][0]
         stored = json.loads(profile) if isinstance(profile, str) else None
-        rows, y, predicted = self.actual_and_predicted(columns)
+        rows, y, predicted, left_out = self.actual_and_predicted(columns)
         steps = self.steps(columns, rows, stored)
         if steps is not None:  # forecasts: only the periods after the series' history
             kept = steps > 0
             rows, y, predicted, steps = rows[kept], y[kept], predicted[kept], steps[kept]
+            left_out["outside the periods the model forecast"] = int((~kept).sum())
         found: dict[str, Any] = {
             "rows": len(columns[self.target]), "scored_rows": len(rows),
             "metric": self.metric.name, "validation": _number(columns["_validation"][0]),
@@ -148,7 +167,8 @@ class Judge:
             "step_errors": None}
         baseline = self.naive(stored, len(rows), steps)
         if self.metric.scaled:  # MASE: errors in units of the series' in-sample error
-            scale = float(stored.get("scale", 1.0)) if stored else 1.0
+            scale = _number((stored or {}).get("scale"))
+            scale = scale if scale is not None and 0 < scale < np.inf else 1.0
             y, predicted = y / scale, predicted / scale
             baseline = None if baseline is None else baseline / scale
         if len(rows):
@@ -165,13 +185,41 @@ class Judge:
             found.update(drift_psi=drift[0].psi, drift_feature=drift[0].feature,
                          drift_p=drift[0].p_value, feature_psi=json.dumps(
                              {d.feature: round(d.psi, 4) for d in drift}))
-        found["status"], found["reason"] = self.verdict(found, status_in_model, y,
-                                                        predicted, baseline, drift, stored)
+        status, reason = self.verdict(found, status_in_model, y, predicted, baseline, drift,
+                                      stored)
+        unscored = [f"{n} row(s) {why}" for why, n in left_out.items() if n]
+        found["status"] = status
+        found["reason"] = reason + ("; unscored: " + ", ".join(unscored) if unscored else "")
         return found
 
+    def judge_or_say(self, columns: Columns) -> dict[str, Any]:
+        """``judge``; where a segment's rows make it fail (numbers nobody foresaw), that
+        segment's row says so instead of the job ending for every segment: not judged
+        (status ``ok``, as too few rows; ``new`` for a segment the model never saw),
+        the error in its reason (``NOT_JUDGED``)."""
+        try:
+            return self.judge(columns)
+        except Exception as exc:  # noqa: BLE001 - one segment's failure, said in its row
+            status_in_model = columns["_model_status"][0]
+            first = (str(exc).strip().splitlines() or [""])[0][:300]
+            try:
+                validation = _number(columns["_validation"][0])
+            except (TypeError, ValueError):
+                validation = None
+            return {
+                "rows": len(columns[self.target]), "scored_rows": 0,
+                "metric": self.metric.name, "validation": validation,
+                "validation_baseline": None, "model_status": status_in_model,
+                "model_version": self.version, "realized": None, "baseline_realized": None,
+                "drift_psi": None, "drift_feature": None, "drift_p": None,
+                "feature_psi": None, "step_errors": None,
+                "status": NEW if status_in_model is None else OK,
+                "reason": f"{NOT_JUDGED} ({type(exc).__name__}: {first})"}
+
     def score(self, y: np.ndarray, predicted: np.ndarray) -> float | None:
-        value = self.metric.score(y, predicted)
-        return None if value != value else float(value)
+        """The metric (None where it has no value: NaN, as r2 of a constant target)."""
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            return _number(self.metric.score(y, predicted))
 
     def steps(self, columns: Columns, rows: np.ndarray, stored: dict | None
               ) -> np.ndarray | None:
@@ -231,14 +279,14 @@ class Judge:
         if self.worse_than_validation(realized, validation, y, predicted,
                                       (stored or {}).get("validation_rows")):
             status = DEGRADED
-            reasons.append(f"realized {name} {realized:.4g} against {validation:.4g} in "
-                           f"validation ({_change(realized, validation)})")
+            reasons.append(f"realized {name} {_text(realized)} against {_text(validation)} "
+                           f"in validation ({_change(realized, validation)})")
         if baseline is not None and metric.clearly_better(
                 y, baseline, predicted, _z(limits.alpha)):
             status = DEGRADED
             reasons.append(f"the naive baseline does better on these {scored} rows "
-                           f"({name} {found['baseline_realized']:.4g} against "
-                           f"{realized:.4g})")
+                           f"({name} {_text(found['baseline_realized'])} against "
+                           f"{_text(realized)})")
         level = limits.alpha / max(len(drift), 1)  # every feature is a test
         moved = [d for d in drift if d.psi >= limits.psi and d.p_value < level]
         if moved:
@@ -286,8 +334,9 @@ def _text(value: float | None) -> str:
 
 
 def _change(realized: float, validation: float) -> str:
-    if not validation:
-        return "worse"
+    """How much worse ``realized`` is, as a share of ``validation`` (0: no share)."""
+    if not validation or not np.isfinite(validation) or not np.isfinite(realized):
+        return "worse" if validation else "worse than a perfect validation"
     return f"{abs(realized - validation) / abs(validation):.0%} worse"
 
 
@@ -297,6 +346,18 @@ def _z(alpha: float) -> float:
     from scipy.stats import norm
 
     return float(norm.isf(alpha))
+
+
+def realized_over_validation() -> Any:
+    """The monitoring table's realized over validation error as a Spark column, safe
+    under ANSI mode (where a division by zero fails the query): infinite where the
+    validation error is 0 and the realized one positive (worse than a perfect
+    validation), 1 where both are 0, null where either is missing."""
+    from pyspark.sql import functions as F
+
+    realized, validation = F.col("realized"), F.col("validation")
+    return F.when(validation == 0, F.when(realized == 0, F.lit(1.0)).when(
+        realized > 0, F.lit(float("inf")))).otherwise(F.try_divide(realized, validation))
 
 
 def by_period(segment: Columns) -> list[tuple[str | None, Columns]]:
@@ -335,7 +396,7 @@ def measure_partitions(judge: Judge, segment_by: list[str], has_period: bool):
             keys = {k: arrays[k][start] for k in segment_by}
             segment = {c: a[start:end] for c, a in arrays.items()}
             for period, rows in (by_period(segment) if has_period else [(None, segment)]):
-                out.append({**keys, "period": period, **judge.judge(rows)})
+                out.append({**keys, "period": period, **judge.judge_or_say(rows)})
         return pd.DataFrame(out, columns=list(dict.fromkeys(columns)))
 
     def measure(batches):
@@ -460,6 +521,12 @@ def measure(model_uri: str, outcomes: str | DataFrame, spark: SparkSession, *,
         if not time_column or time_column not in df.columns:
             raise DataError(f"period {period!r} needs the outcomes' time column "
                             f"({time_column!r} not found): pass --time-column")
+        kind = df.schema[time_column].dataType
+        if kind.typeName() not in ("date", "timestamp", "timestamp_ntz", "string"):
+            raise DataError(f"period {period!r} cuts the outcomes by the dates of "
+                            f"{time_column!r}, which holds {kind.simpleString()} values: "
+                            "give a date or timestamp column (--time-column), or leave "
+                            "out --period")
     predictions, predicted = prediction_columns(manifest, df.columns)
     version = model_version_of(model_uri)
     archive = ship_segments(spark, directory)
@@ -505,11 +572,13 @@ def silent_segments(index: DataFrame, outcomes: DataFrame, segment_by: list[str]
         .alias("_last_seen"), F.lit(True).alias("_seen"))
     both = join_on_segments(index, seen, segment_by, "left")
     quiet = ~F.coalesce(F.col("_seen"), F.lit(False))
-    if latest is not None:
-        quiet = quiet | (F.col("_last_seen") < F.lit(latest))
+    if latest is not None:  # rows without a time (no period) are not in the latest one
+        quiet = quiet | F.coalesce(F.col("_last_seen") < F.lit(latest), F.lit(True))
     why = F.when(F.col("_last_seen").isNotNull(),
                  F.concat(F.lit(f"no rows in the latest period {latest}; last rows in "),
-                          F.col("_last_seen"))).otherwise(
+                          F.col("_last_seen"))).when(
+        F.col("_seen"), F.lit(f"no rows in the latest period {latest}; its rows have no "
+                              "time (no period)")).otherwise(
         F.lit("no rows in the outcomes" + (f" (latest period {latest})" if latest else "")))
     schema = output_schema(keys)
     values = {"period": F.lit(latest).cast("string"), "rows": F.lit(0).cast("long"),
@@ -521,3 +590,122 @@ def silent_segments(index: DataFrame, outcomes: DataFrame, segment_by: list[str]
         values.get(f.name, F.lit(None).cast(f.dataType)).alias(f.name)
         for f in schema.fields[len(segment_by):]]
     return both.where(quiet).select(*columns)
+
+
+# --------------------------------------------------------------------------- the summary
+
+#: How many segments the monitoring run's plot samples, and how many worst it lists.
+SAMPLE, WORST = 20_000, 50
+
+
+@dataclass
+class Summary:
+    """The written monitoring table summed up for the report and the MLflow run (its
+    latest period): counts by status, the distribution of realized against validation
+    error, a sample of segments for the plot, the worst degraded segments and, for a
+    forecasting model, the mean realized error per horizon step. A part that could not
+    be made is empty (None) and said in ``problems``."""
+
+    counts: dict[str, int]
+    distribution: dict[str, float]
+    sample: pd.DataFrame | None
+    worst: pd.DataFrame | None
+    steps: pd.DataFrame | None
+    problems: list[str]
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+
+def summarize(measured: Measured, output: str, spark: SparkSession) -> Summary:
+    """``Summary`` of the monitoring table written at ``output``. Each part is one Spark
+    job, made on its own: the table is written, and a part that fails is said in the
+    summary's problems (and the run's) rather than ending the job without a run."""
+    from pyspark.sql import functions as F
+
+    from raybricks.sources import read_source, source_of
+    from raybricks.tracking.monitoring import failure
+
+    problems: list[str] = []
+
+    def attempt(what: str, make, empty=None):
+        try:
+            return make()
+        except Exception as exc:  # noqa: BLE001 - said, and the run still logs the rest
+            problems.append(failure(f"summing up {what}", exc))
+            log.warning("%s (the monitoring table %s is written)", problems[-1], output)
+            return empty
+
+    written = attempt("the table", lambda: read_source(source_of(output), spark))
+    if written is None:
+        return Summary({}, {}, None, None, None, problems)
+    current = written if measured.latest is None else written.where(
+        F.col("period") == measured.latest)
+    by_status = attempt("the counts by status", lambda: current.groupBy("status").agg(
+        F.count(F.lit(1)).alias("count"), F.sum(F.col("reason").startswith(
+            NOT_JUDGED).cast("long")).alias("not_judged")).collect(), [])
+    counts = {r["status"]: int(r["count"]) for r in by_status}
+    not_judged = sum(int(r["not_judged"] or 0) for r in by_status)
+    if not_judged:
+        log.warning("%d segment(s) not judged: monitoring failed on their rows (their "
+                    "reason in %s says how)", not_judged, output)
+    label = F.concat_ws("/", *[F.coalesce(F.col(k).cast("string"), F.lit("null"))
+                               for k in measured.segment_by]).alias("segment")
+
+    def sample() -> pd.DataFrame:
+        shown = current.select(label, "realized", "validation", "baseline_realized",
+                               "status").where(F.col("status") != SILENT)
+        total = sum(counts.values())
+        if total > SAMPLE:
+            shown = shown.sample(fraction=SAMPLE / total, seed=0)
+        return shown.toPandas()
+
+    def worst() -> pd.DataFrame:
+        return (current.where(F.col("status") == DEGRADED)
+                .withColumn("ratio", realized_over_validation())
+                .orderBy(F.col("ratio").desc_nulls_last()).limit(WORST)
+                .select(label, "realized", "validation", "reason").toPandas())
+
+    def steps() -> pd.DataFrame:
+        found = (current.select(F.posexplode("step_errors").alias("position", "error"))
+                 .where(F.col("error").isNotNull()).groupBy("position")
+                 .agg(F.avg("error").alias("mean"), F.count("error").alias("series"))
+                 .orderBy("position").toPandas())
+        found.insert(0, "step", found.pop("position") + 1)
+        return found
+
+    distribution = attempt("realized against validation",
+                           lambda: realized_against_validation(current), {})
+    if not_judged:
+        distribution["segments_not_judged"] = float(not_judged)
+    return Summary(
+        counts, distribution,
+        attempt("the plot's sample", sample), attempt("the worst segments", worst),
+        attempt("the error per horizon step", steps) if measured.forecast else None,
+        problems)
+
+
+def realized_against_validation(current: DataFrame) -> dict[str, float]:
+    """The distribution of realized against validation error over the segments with
+    both (one Spark job): medians of each, quartiles of their ratio, and the share of
+    segments doing worse than in validation (by the metric's direction: the ratio's).
+    A validation error of 0 has no ratio: those segments are left out."""
+    from pyspark.sql import functions as F
+
+    both = current.where(F.col("realized").isNotNull() & F.col("validation").isNotNull()
+                         & (F.col("validation") != 0))
+    ratio = F.try_divide(F.col("realized"), F.col("validation"))
+    found = both.agg(
+        F.count(F.lit(1)).alias("n"),
+        F.percentile_approx("realized", 0.5).alias("realized_median"),
+        F.percentile_approx("validation", 0.5).alias("validation_median"),
+        F.percentile_approx(ratio, [0.25, 0.5, 0.75, 0.9]).alias("ratio"),
+        F.avg((ratio > 1).cast("double")).alias("share_above_validation")).first()
+    if not found or not found["n"]:
+        return {}
+    quartiles = dict(zip(("p25", "p50", "p75", "p90"), found["ratio"], strict=True))
+    return {"realized_median": found["realized_median"],
+            "validation_median": found["validation_median"],
+            "share_realized_above_validation": found["share_above_validation"],
+            **{f"realized_over_validation_{k}": v for k, v in quartiles.items()}}

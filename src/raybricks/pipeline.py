@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -28,7 +28,7 @@ from raybricks.files import SegmentFiles, is_template
 from raybricks.kinds.forecasting import ForecastSpec
 from raybricks.results import release_memory
 from raybricks.session import require_spark_context
-from raybricks.sources import only_segments, read_source, segment_files, source_of
+from raybricks.sources import only_segments, read_source, segment_files
 from raybricks.training import TrainingResult, train_segments
 from raybricks.training.engine import with_run_id
 from raybricks.training.plan import GivenGlobal
@@ -464,6 +464,8 @@ class MonitorReport:
     run_id: str | None
     seconds: float
     worst: list[str]
+    #: What could not be summed up or logged after the table was written.
+    problems: list[str] = field(default_factory=list)
 
     def summary(self) -> str:
         from raybricks.monitoring import STATUSES
@@ -476,35 +478,8 @@ class MonitorReport:
         lines += [f"  {line}" for line in self.worst]
         if self.run_id:
             lines.append(f"MLflow run: {self.run_id}")
+        lines += [f"incomplete: {line}" for line in self.problems]
         return "\n".join(lines)
-
-
-def realized_against_validation(current: DataFrame) -> dict[str, float]:
-    """The distribution of realized against validation error over the segments with
-    both (one Spark job): medians of each, quartiles of their ratio, and the share of
-    segments doing worse than in validation (by the metric's direction: the ratio's)."""
-    from pyspark.sql import functions as F
-
-    both = current.where(F.col("realized").isNotNull() & F.col("validation").isNotNull()
-                         & (F.col("validation") != 0))
-    ratio = F.col("realized") / F.col("validation")
-    found = both.agg(
-        F.count(F.lit(1)).alias("n"),
-        F.percentile_approx("realized", 0.5).alias("realized_median"),
-        F.percentile_approx("validation", 0.5).alias("validation_median"),
-        F.percentile_approx(ratio, [0.25, 0.5, 0.75, 0.9]).alias("ratio"),
-        F.avg((ratio > 1).cast("double")).alias("share_above_validation")).first()
-    if not found or not found["n"]:
-        return {}
-    quartiles = dict(zip(("p25", "p50", "p75", "p90"), found["ratio"], strict=True))
-    return {"realized_median": found["realized_median"],
-            "validation_median": found["validation_median"],
-            "share_realized_above_validation": found["share_above_validation"],
-            **{f"realized_over_validation_{k}": v for k, v in quartiles.items()}}
-
-
-#: How many segments the monitoring run's plot samples, and how many worst it lists.
-MONITOR_SAMPLE, MONITOR_WORST = 20_000, 50
 
 
 def monitor(model_uri: str, outcomes: str | DataFrame, output: str, *,
@@ -515,9 +490,10 @@ def monitor(model_uri: str, outcomes: str | DataFrame, output: str, *,
     """Monitor a registered model on realized ``outcomes`` (``monitoring.measure``):
     write one row per segment and period to ``output``, then (``log_run``) log an
     MLflow run beside the model's training run: counts by status, the realized against
-    validation error, the worst segments, a plot."""
-    from pyspark.sql import functions as F
-
+    validation error, the worst segments, a plot. Once the table is written, a part of
+    the summary or of the run that fails is said in the report's ``problems`` and the
+    run's tag instead of ending the job; a run that cannot be logged at all raises
+    ``MonitoringRunError``, naming the table and the command that retrains from it."""
     from raybricks.scoring import write_output
     from raybricks.tracking.monitoring import MonitoringLog, log_monitoring
 
@@ -529,30 +505,7 @@ def monitor(model_uri: str, outcomes: str | DataFrame, output: str, *,
     with stage("monitoring", says=f"monitoring: every segment into {output}"):
         write_output(measured.table, output)
     with stage("summary", says="summary: counts by status, the worst segments"):
-        written = read_source(source_of(output), spark)
-        current = written if measured.latest is None else written.where(
-            F.col("period") == measured.latest)
-        counts = {r["status"]: int(r["count"]) for r in current.groupBy("status").count().collect()}
-        keys = measured.segment_by
-        label = F.concat_ws("/", *[F.coalesce(F.col(k).cast("string"), F.lit("null"))
-                                   for k in keys]).alias("segment")
-        shown = ["realized", "validation", "baseline_realized", "status"]
-        sample = current.select(label, *shown).where(F.col("status") != monitoring.SILENT)
-        total = sum(counts.values())
-        distribution = realized_against_validation(current)
-        if total > MONITOR_SAMPLE:
-            sample = sample.sample(fraction=MONITOR_SAMPLE / total, seed=0)
-        worst = (current.where(F.col("status") == monitoring.DEGRADED)
-                 .withColumn("ratio", F.col("realized") / F.col("validation"))
-                 .orderBy(F.col("ratio").desc_nulls_last()).limit(MONITOR_WORST)
-                 .select(label, "realized", "validation", "reason").toPandas())
-        steps = None
-        if measured.forecast:
-            steps = (current.select(F.posexplode("step_errors").alias("position", "error"))
-                     .where(F.col("error").isNotNull()).groupBy("position")
-                     .agg(F.avg("error").alias("mean"), F.count("error").alias("series"))
-                     .orderBy("position").toPandas())
-            steps.insert(0, "step", steps.pop("position") + 1)
+        summary = monitoring.summarize(measured, output, spark)  # says what it lacks
     run_id = None
     if log_run:
         params = {"model": model_uri, "model_version": measured.version,
@@ -562,10 +515,13 @@ def monitor(model_uri: str, outcomes: str | DataFrame, output: str, *,
                   **vars(thresholds or monitoring.Thresholds())}
         with stage("tracking", says="tracking: the monitoring run in MLflow"):
             run_id = log_monitoring(model_uri, MonitoringLog(
-                params, counts, measured.metric, sample.toPandas(), worst, steps,
-                {"segments": float(total), **distribution}))
-    described = [f"{row.segment}: {row.reason}" for row in worst.head(5).itertuples()]
-    report = MonitorReport(model_uri, measured.version, output, measured.latest, counts,
-                           run_id, time.perf_counter() - start, described)
+                params, summary.counts, measured.metric, summary.sample, summary.worst,
+                summary.steps, {"segments": float(summary.total), **summary.distribution},
+                summary.problems))
+    worst = summary.worst.head(5).itertuples() if summary.worst is not None else []
+    described = [f"{row.segment}: {row.reason}" for row in worst]
+    report = MonitorReport(model_uri, measured.version, output, measured.latest,
+                           summary.counts, run_id, time.perf_counter() - start, described,
+                           summary.problems)
     log.info("%s", report.summary())
     return report
