@@ -475,6 +475,8 @@ def test_the_monitoring_loop_with_the_demo_config_keeps_every_untouched_answer(
     assert cli.main(local(params["monitor"], {
         "--outcomes": str(tmp_path / "october.parquet"),
         "--output": str(tmp_path / "monitoring")})) == 0
+    health = pd.read_parquet(tmp_path / "monitoring_global")  # the global model's rows
+    assert health.global_model.nunique() == 1 and health.segments_alone.notna().all()
     assert cli.main([*local(params["retrain"], {
         "--config": config_file("until-october.parquet"),
         "--segments-from-monitor": str(tmp_path / "monitoring")}),

@@ -586,3 +586,54 @@ def test_a_segment_monitoring_fails_on_is_said_in_its_row_not_the_end_of_the_job
     assert found.loc["b", "status"] == OK and found.loc["b", "rows"] == 12
     assert found.loc["b", "reason"].startswith(f"{NOT_JUDGED} (ValueError: could not convert")
     assert found.loc["b", "validation"] == 0.1 and found.loc["b", "model_version"] == "1"
+
+
+def test_a_global_model_that_went_bad_is_reported_and_the_retrain_refits_it(spark, tmp_path):
+    """The global model's own health, from the segments it serves: ten served alone, one
+    skipped (its fallback), one unseen key and one blend, in two periods. In the first
+    they do as in validation; in the second the ten got 60% worse: degraded, and a
+    retrain from that monitoring table refits the global model unless told to keep it."""
+    from raybricks import pipeline
+    from raybricks.monitoring import Measured, global_frame, global_health
+    from raybricks.scoring import write_output
+    from raybricks.sources import degraded_globals, global_table
+
+    alone = [f"a{i}" for i in range(10)]
+    index = pd.DataFrame({
+        "store": [*alone, "skipped", "blend"], "global": "run-1",
+        "chosen": [json.dumps(["global"])] * 10 + [None,
+                                                    json.dumps(["local:ridge", "global"])]})
+    rows = []
+    for period, worse in (("2024-01-01", 1.0), ("2024-02-01", 1.6)):
+        for i, store in enumerate([*alone, "skipped", "blend", "unseen"]):
+            status = {"skipped": "skipped", "unseen": None}.get(store, "trained")
+            rows.append({"store": store, "period": period, "scored_rows": 20,
+                         "realized": (1.0 + 0.01 * i) * worse, "validation": 1.0 + 0.01 * i,
+                         "model_status": status, "status": OK})
+    written = spark.createDataFrame(pd.DataFrame(rows))
+    measured = Measured(written, "2024-02-01", "3", ["store"], "mae", False,
+                        spark.createDataFrame(index), "run-1", Thresholds())
+    found = global_health(measured, written).set_index("period")
+    assert (found.global_model == "run-1").all()
+    first, second = found.loc["2024-01-01"], found.loc["2024-02-01"]
+    assert (first.segments_alone, first.segments_skipped, first.segments_new,
+            first.segments_blended) == (10, 1, 1, 1)
+    assert first.status == OK and second.status == DEGRADED
+    assert second.segments_worse == second.segments_judged == 10
+    assert second.realized == pytest.approx(1.6 * first.realized)  # pooled, by rows
+    assert "serves 10 segment(s) alone" in second.reason
+    # the same table's global rows, written beside it: a retrain from it refits
+    output = str(tmp_path / "monitoring")
+    write_output(written, output)
+    write_output(global_frame(spark, found.reset_index()), global_table(output))
+    assert degraded_globals(output, spark) == ["run-1"]
+    config = job(tmp_path, source={"table": "t", "segments": output,
+                                   "statuses": ["degraded"]}, fallback="global")
+    assert pipeline.global_choice(config, spark).global_model == "refit"
+    kept = job(tmp_path, source={"table": "t", "segments": output,
+                                 "statuses": ["degraded"]}, fallback="global",
+               global_model="keep")
+    assert pipeline.global_choice(kept, spark).global_model == "keep"
+    # a model whose segments did as in validation: nothing to refit
+    fine = global_health(measured, written.where("period = '2024-01-01'"))
+    assert (fine.status == OK).all()

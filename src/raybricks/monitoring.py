@@ -44,7 +44,12 @@ import numpy as np
 from raybricks import console, metrics, profiles
 from raybricks.errors import ConfigError, DataError
 from raybricks.kinds.baseline import BaselineKind
-from raybricks.segmented_model import CLASSIFICATION, DEFAULT_CACHE_SEGMENTS
+from raybricks.segmented_model import (
+    CLASSIFICATION,
+    DEFAULT_CACHE_SEGMENTS,
+    GLOBAL,
+    default_global,
+)
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -430,6 +435,11 @@ class Measured:
     segment_by: list[str]
     metric: str
     forecast: bool
+    #: The model's index (segment columns, ``global``, ``chosen``), read by executors.
+    index: DataFrame | None = None
+    #: The global model unseen keys answer with (None: the model has none).
+    default_global: str | None = None
+    thresholds: Thresholds = Thresholds()
 
 
 def index_frame(spark: SparkSession, archive: str, directory: Path, columns: list[str]
@@ -531,7 +541,8 @@ def measure(model_uri: str, outcomes: str | DataFrame, spark: SparkSession, *,
     version = model_version_of(model_uri)
     archive = ship_segments(spark, directory)
     index = index_frame(spark, archive, directory,
-                        [*segment_by, "status", "metric", "baseline", "profile"])
+                        [*segment_by, "status", "metric", "baseline", "profile", GLOBAL,
+                         "chosen"])
     latest = None
     if period is not None:  # on the outcomes alone: no join for the latest period
         df = df.withColumn("_period", F.date_format(F.date_trunc(period, F.col(time_column)),
@@ -554,7 +565,8 @@ def measure(model_uri: str, outcomes: str | DataFrame, spark: SparkSession, *,
                                 output_schema(keys))
     silent = silent_segments(index, df, segment_by, latest, manifest, version, keys)
     return Measured(measured.unionByName(silent), latest, version, segment_by,
-                    manifest["metric"], bool(spec))
+                    manifest["metric"], bool(spec), index, default_global(manifest),
+                    thresholds)
 
 
 def silent_segments(index: DataFrame, outcomes: DataFrame, segment_by: list[str],
@@ -709,3 +721,119 @@ def realized_against_validation(current: DataFrame) -> dict[str, float]:
             "validation_median": found["validation_median"],
             "share_realized_above_validation": found["share_above_validation"],
             **{f"realized_over_validation_{k}": v for k, v in quartiles.items()}}
+
+
+# --------------------------------------------------------------------------- global models
+
+#: The monitoring table of the global models, beside the segments' (``global_output``).
+GLOBAL_COLUMNS = ("global_model", "period", "segments_alone", "segments_skipped",
+                  "segments_new", "segments_blended", "scored_rows", "metric", "realized",
+                  "validation", "segments_worse", "segments_judged", "status", "reason",
+                  "model_version")
+#: ``chosen`` of a segment the global model serves alone.
+GLOBAL_ALONE = json.dumps(["global"])
+
+
+def global_health(measured: Measured, written: DataFrame) -> pd.DataFrame:
+    """Per global model and period, how it does on the segments it serves: alone
+    (chosen over their local models), as the fallback of skipped or failed segments,
+    and for keys the model never saw; the segments it is blended into are counted.
+    ``realized`` pools the realized error of those rows (weighted by their scored rows),
+    ``validation`` the validation error of the trained segments it serves alone; the
+    status is ``degraded`` when the realized error is worse by more than the tolerance
+    and, by a one-sided sign test at ``alpha``, more of its judged segments got worse
+    than validation than chance would make; else ``ok``."""
+    import pandas as pd
+    from pyspark.sql import functions as F
+
+    from raybricks.sources import join_on_segments
+
+    columns = list(GLOBAL_COLUMNS)
+    if measured.index is None or measured.default_global is None and not (
+            measured.index.where(F.col(GLOBAL).isNotNull()).limit(1).count()):
+        return pd.DataFrame(columns=columns)
+    refs = measured.index.select(*measured.segment_by, F.col(GLOBAL).alias("_global"),
+                                 F.col("chosen").alias("_chosen"))
+    rows = join_on_segments(written.where(F.col("status") != SILENT), refs,
+                            measured.segment_by, "left")
+    trained = F.coalesce(F.col("model_status") == "trained", F.lit(False))
+    alone = ~trained | (F.col("_chosen") == GLOBAL_ALONE)
+    metric = metrics.metric(measured.metric)
+    rmse = metric.name == "rmse"
+
+    def pooled(column: str, where: Any) -> Any:
+        value = F.col(column) * F.col(column) if rmse else F.col(column)
+        usable = where & F.col(column).isNotNull() & ~F.isnan(F.col(column))
+        weight = F.when(usable, F.col("scored_rows").cast("double"))
+        mean = F.try_divide(F.sum(F.when(usable, value * F.col("scored_rows"))),
+                            F.sum(weight))
+        return F.sqrt(mean) if rmse else mean
+
+    judged = alone & trained & F.col("realized").isNotNull() & F.col(
+        "validation").isNotNull() & (F.col("scored_rows") >= measured.thresholds.min_rows)
+    worse = (F.col("realized") < F.col("validation")) if metric.greater_is_better else (
+        F.abs(F.col("realized")) > F.abs(F.col("validation")) if metric.signed
+        else F.col("realized") > F.col("validation"))
+    found = (rows.withColumn("global_model", F.coalesce(
+        F.col("_global"), F.lit(measured.default_global)))
+        .where(F.col("global_model").isNotNull())
+        .groupBy("global_model", "period").agg(
+            F.sum((alone & trained).cast("long")).alias("segments_alone"),
+            F.sum((F.col("model_status").isin("skipped", "failed")).cast("long"))
+            .alias("segments_skipped"),
+            F.sum(F.col("model_status").isNull().cast("long")).alias("segments_new"),
+            F.sum((~alone & F.coalesce(F.col("_chosen").contains('"global"'),
+                                       F.lit(False))).cast("long"))
+            .alias("segments_blended"),
+            F.sum(F.when(alone, F.col("scored_rows")).otherwise(0)).alias("scored_rows"),
+            pooled("realized", alone).alias("realized"),
+            pooled("validation", alone & trained).alias("validation"),
+            F.sum((judged & worse).cast("long")).alias("segments_worse"),
+            F.sum(judged.cast("long")).alias("segments_judged"))
+        .toPandas())
+    verdicts = [global_verdict(row, metric, measured.thresholds)
+                for row in found.to_dict("records")]
+    found["metric"] = metric.name
+    found["status"] = [status for status, _ in verdicts]
+    found["reason"] = [reason for _, reason in verdicts]
+    found["model_version"] = measured.version
+    return found[columns]
+
+
+def global_verdict(row: dict[str, Any], metric: metrics.Metric, limits: Thresholds
+                   ) -> tuple[str, str]:
+    """A global model's status in a period, and why (``global_health``)."""
+    from scipy.stats import binom
+
+    realized, validation = _number(row["realized"]), _number(row["validation"])
+    served = (f"serves {row['segments_alone']} segment(s) alone, "
+              f"{row['segments_skipped']} skipped, {row['segments_new']} unseen; blended "
+              f"into {row['segments_blended']}")
+    judged, worse = int(row["segments_judged"] or 0), int(row["segments_worse"] or 0)
+    if realized is None or validation is None or not judged:
+        return OK, f"{served}: too few scored rows of trained segments to judge"
+    far = (metric.loss(realized) - metric.loss(validation)
+           > limits.tolerance * abs(metric.loss(validation)) + metrics.EPS)
+    chance = float(binom.sf(worse - 1, judged, 0.5))  # P(at least this many worse)
+    said = (f"{served}: realized {metric.name} {_text(realized)} against "
+            f"{_text(validation)} in validation; {worse} of {judged} judged segments worse "
+            f"than their validation")
+    if far and chance < limits.alpha:
+        return DEGRADED, f"{said} ({_change(realized, validation)}; p {chance:.1g})"
+    return OK, said
+
+
+def global_frame(spark: SparkSession, found: pd.DataFrame) -> DataFrame:
+    """``global_health``'s rows as a Spark DataFrame (typed: they may be empty)."""
+    from pyspark.sql import types as T
+
+    count, double, text = T.LongType(), T.DoubleType(), T.StringType()
+    kinds = {"realized": double, "validation": double, "metric": text, "status": text,
+             "reason": text, "model_version": text, "global_model": text, "period": text}
+    schema = T.StructType([T.StructField(c, kinds.get(c, count)) for c in GLOBAL_COLUMNS])
+    rows = [tuple(None if v is None or (isinstance(v, float) and v != v) else
+                  (int(v) if kinds.get(c, count) == count else
+                   float(v) if kinds.get(c) == double else str(v))
+                  for c, v in zip(GLOBAL_COLUMNS, row, strict=True))
+            for row in found[list(GLOBAL_COLUMNS)].itertuples(index=False)]
+    return spark.createDataFrame(rows, schema)

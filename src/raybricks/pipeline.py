@@ -313,6 +313,7 @@ def train(
                 else None
             source = files.frame if files else read_source(config.source, spark)
             df, num_rows = checked_source(config, source)
+            config = global_choice(config, spark)
             given = kept_global(config) if register else None
             if hierarchical(config):  # every level's series, trained as segments
                 df = hierarchy.with_aggregates(df, config)
@@ -348,6 +349,24 @@ def write_forecasts(publication: Publication, config: JobConfig, output: str,
                        intervals=bool(config.forecast and config.forecast.intervals))
     console.say(str(summary))
     return summary
+
+
+def global_choice(config: JobConfig, spark: SparkSession) -> JobConfig:
+    """A retrain from monitoring (``source.statuses``) whose global model monitoring found
+    degraded refits it on the whole source (``global_model: refit``), unless the job
+    says ``global_model`` itself."""
+    if (config.source.statuses is None or config.fallback != "global"
+            or "global_model" in config.model_fields_set):
+        return config
+    from raybricks.sources import degraded_globals
+
+    degraded = degraded_globals(str(config.source.segments), spark)
+    if not degraded:
+        return config
+    console.say(f"global model: monitoring {config.source.segments} found "
+                f"{', '.join(degraded)} degraded: refitted on the whole source "
+                "(global_model: refit; set global_model=keep to keep it)")
+    return config.model_copy(update={"global_model": "refit"})
 
 
 def kept_global(config: JobConfig) -> GivenGlobal | None:
@@ -466,6 +485,9 @@ class MonitorReport:
     worst: list[str]
     #: What could not be summed up or logged after the table was written.
     problems: list[str] = field(default_factory=list)
+    #: Each global model's status and reason in the latest period (its own table:
+    #: ``sources.global_table(output)``).
+    global_models: list[str] = field(default_factory=list)
 
     def summary(self) -> str:
         from raybricks.monitoring import STATUSES
@@ -476,10 +498,32 @@ class MonitorReport:
                  f"(version {self.model_version}){period} into {self.output} in "
                  f"{self.seconds:.1f}s: {counts}"]
         lines += [f"  {line}" for line in self.worst]
+        lines += self.global_models
         if self.run_id:
             lines.append(f"MLflow run: {self.run_id}")
         lines += [f"incomplete: {line}" for line in self.problems]
         return "\n".join(lines)
+
+
+def global_models_health(measured: monitoring.Measured, output: str, spark: SparkSession,
+                         problems: list[str]):
+    """``monitoring.global_health`` of the written table, written beside it
+    (``sources.global_table``); None when the model has no global model or it failed
+    (said in ``problems``)."""
+    from raybricks.scoring import write_output
+    from raybricks.sources import global_table, read_source, source_of
+    from raybricks.tracking.monitoring import failure
+
+    try:
+        found = monitoring.global_health(measured, read_source(source_of(output), spark))
+        if not len(found):
+            return None
+        write_output(monitoring.global_frame(spark, found), global_table(output))
+        return found
+    except Exception as exc:  # noqa: BLE001 - the segments' table is written
+        problems.append(failure("judging the global models", exc))
+        log.warning("%s", problems[-1])
+        return None
 
 
 def monitor(model_uri: str, outcomes: str | DataFrame, output: str, *,
@@ -506,6 +550,8 @@ def monitor(model_uri: str, outcomes: str | DataFrame, output: str, *,
         write_output(measured.table, output)
     with stage("summary", says="summary: counts by status, the worst segments"):
         summary = monitoring.summarize(measured, output, spark)  # says what it lacks
+    with stage("global models", says="global models: how each does on what it serves"):
+        globals_ = global_models_health(measured, output, spark, summary.problems)
     run_id = None
     if log_run:
         params = {"model": model_uri, "model_version": measured.version,
@@ -517,11 +563,16 @@ def monitor(model_uri: str, outcomes: str | DataFrame, output: str, *,
             run_id = log_monitoring(model_uri, MonitoringLog(
                 params, summary.counts, measured.metric, summary.sample, summary.worst,
                 summary.steps, {"segments": float(summary.total), **summary.distribution},
-                summary.problems))
+                summary.problems, globals_))
     worst = summary.worst.head(5).itertuples() if summary.worst is not None else []
     described = [f"{row.segment}: {row.reason}" for row in worst]
+    latest = globals_ if globals_ is None or measured.latest is None else globals_[
+        globals_.period == measured.latest]
     report = MonitorReport(model_uri, measured.version, output, measured.latest,
                            summary.counts, run_id, time.perf_counter() - start, described,
-                           summary.problems)
+                           summary.problems,
+                           [] if latest is None else [f"global model {row.global_model}: "
+                                                      f"{row.status}: {row.reason}"
+                                                      for row in latest.itertuples()])
     log.info("%s", report.summary())
     return report

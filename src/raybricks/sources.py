@@ -171,6 +171,27 @@ def monitoring_table(segments: str) -> str:
     return output
 
 
+def global_table(table: str) -> str:
+    """Where monitoring writes the health of the model's global models, beside its
+    segments' table (or path) ``table``: the same name with ``_global`` after it."""
+    return table.rstrip("/") + "_global"
+
+
+def degraded_globals(segments: str, spark: SparkSession) -> list[str]:
+    """The global models a monitoring table (or run) found ``degraded`` in its latest
+    period (none where it has no global models' table)."""
+    from pyspark.sql import functions as F
+
+    try:
+        found = read_source(source_of(global_table(monitoring_table(segments))), spark)
+        latest = found.agg(F.max("period")).first()[0]
+        current = found if latest is None else found.where(F.col("period") == latest)
+        rows = current.where(F.col("status") == "degraded").select("global_model").collect()
+    except Exception:  # noqa: BLE001 - a table from before global models, or none
+        return []
+    return sorted({row["global_model"] for row in rows})
+
+
 def monitored_segments(segments: str, statuses: list[str], spark: SparkSession
                        ) -> DataFrame:
     """The segments of a monitoring table (or run) whose status in its latest period is

@@ -72,6 +72,8 @@ class MonitoringLog:
     extra: dict[str, float] = field(default_factory=dict)
     #: What could not be summed up or logged (``failure``): the run says it lacks them.
     problems: list[str] = field(default_factory=list)
+    #: The global models' health (``monitoring.global_health``), if the model has any.
+    globals: pd.DataFrame | None = None
 
 
 def experiment_of(model_uri: str) -> str | None:
@@ -135,6 +137,12 @@ def log_monitoring(model_uri: str, found: MonitoringLog) -> str:
                 | {k: float(v) for k, v in found.extra.items() if v is not None})),
             ("status_counts.json", lambda: mlflow.log_dict(
                 found.counts, "monitoring/status_counts.json"))]
+        if found.globals is not None and len(found.globals):
+            parts.append(("global_models.json", lambda: mlflow.log_table(
+                _strings(found.globals), "monitoring/global_models.json")))
+            parts.append(("the global models' metrics", lambda: mlflow.log_metrics({
+                "global_models_degraded": float((found.globals.status == "degraded").sum()),
+                "global_models": float(found.globals.global_model.nunique())})))
         if found.worst is not None and len(found.worst):
             parts.append(("worst_segments.json", lambda: mlflow.log_table(
                 _strings(found.worst), "monitoring/worst_segments.json")))
