@@ -676,7 +676,7 @@ def summarize(measured: Measured, output: str, spark: SparkSession) -> Summary:
     def worst() -> pd.DataFrame:
         return (current.where(F.col("status") == DEGRADED)
                 .withColumn("ratio", realized_over_validation())
-                .orderBy(F.col("ratio").desc_nulls_last()).limit(WORST)
+                .orderBy(worst_first(F.col("ratio"), measured.metric)).limit(WORST)
                 .select(label, "realized", "validation", "reason").toPandas())
 
     def steps() -> pd.DataFrame:
@@ -688,7 +688,8 @@ def summarize(measured: Measured, output: str, spark: SparkSession) -> Summary:
         return found
 
     distribution = attempt("realized against validation",
-                           lambda: realized_against_validation(current), {})
+                           lambda: realized_against_validation(current, measured.metric),
+                           {})
     if not_judged:
         distribution["segments_not_judged"] = float(not_judged)
     return Summary(
@@ -698,7 +699,15 @@ def summarize(measured: Measured, output: str, spark: SparkSession) -> Summary:
         problems)
 
 
-def realized_against_validation(current: DataFrame) -> dict[str, float]:
+def worst_first(ratio: Any, metric: str) -> Any:
+    """The order of realized over validation error that puts the most worsened first:
+    the largest ratio for an error, the smallest for a score (auc, r2, accuracy)."""
+    better_high = metrics.metric(metric).greater_is_better
+    return ratio.asc_nulls_last() if better_high else ratio.desc_nulls_last()
+
+
+def realized_against_validation(current: DataFrame, metric: str = "rmse"
+                                ) -> dict[str, float]:
     """The distribution of realized against validation error over the segments with
     both (one Spark job): medians of each, quartiles of their ratio, and the share of
     segments doing worse than in validation (by the metric's direction: the ratio's).
@@ -713,7 +722,8 @@ def realized_against_validation(current: DataFrame) -> dict[str, float]:
         F.percentile_approx("realized", 0.5).alias("realized_median"),
         F.percentile_approx("validation", 0.5).alias("validation_median"),
         F.percentile_approx(ratio, [0.25, 0.5, 0.75, 0.9]).alias("ratio"),
-        F.avg((ratio > 1).cast("double")).alias("share_above_validation")).first()
+        F.avg((ratio < 1 if metrics.metric(metric).greater_is_better else ratio > 1)
+              .cast("double")).alias("share_above_validation")).first()
     if not found or not found["n"]:
         return {}
     quartiles = dict(zip(("p25", "p50", "p75", "p90"), found["ratio"], strict=True))
