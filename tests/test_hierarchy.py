@@ -282,3 +282,62 @@ model.predict(frame, params={{"intervals": True}}).to_parquet(
     shifts = np.concatenate([np.concatenate(pq.read_table(f).column("reconciliation")
                                             .to_pylist()) for f in shards])
     assert np.abs(shifts).max() > 1e-3
+
+
+def test_a_merged_hierarchy_answers_each_series_it_kept_as_the_champion_did(
+        ray_on_spark, spark, tmp_path):
+    """``promote: merge`` of two hierarchy runs with the global lag model (``fallback:
+    global``): every series the merged version took from the champion forecasts exactly
+    as the champion did, its reconciliation shift and global model included (the merged
+    version holds both runs' global models); the others as the new run's."""
+    import mlflow
+
+    from raybricks import pipeline
+
+    data = prison()
+    name = "tests.hierarchy.merge"
+    lgbm = {"name": "lgbm", "kind": "lightgbm",
+            "params": {"n_estimators": 20, "num_leaves": 5, "min_child_samples": 3}}
+    forecast = {"horizon": 4, "frequency": "QS-MAR", "lags": [1, 4], "intervals": [80],
+                "hierarchy": {"levels": [["state"]]}}
+
+    def trained(frame: pd.DataFrame, file: str):
+        frame.to_parquet(tmp_path / file)
+        config = job(tmp_path, forecast["hierarchy"], source={"path": str(tmp_path / file)},
+                     models=[*job(tmp_path, None).model_dump()["models"], lgbm],
+                     fallback="global", forecast=forecast,
+                     registry={"name": name, "promote": "merge"})
+        return pipeline.train(config, spark).publication
+
+    first = trained(data, "first.parquet")
+    later = data.copy()
+    later.loc[later.state == "TAS", "count"] *= 1.0 + 0.05 * np.arange(
+        (later.state == "TAS").sum()) / 10  # Tasmania's series move
+    second = trained(later, "second.parquet")
+    assert second.decision["decision"] == "merged"
+    last = pd.Timestamp(data.t.max())
+    days = [(last + pd.DateOffset(months=3 * k)).date() for k in (1, 2, 3, 4)]
+
+    def answers(version: str) -> tuple[pd.DataFrame, pd.DataFrame]:
+        here = Path(mlflow.artifacts.download_artifacts(f"models:/{name}/{version}",
+                                                        dst_path=str(tmp_path / version)))
+        index = pd.read_parquet(here / "artifacts" / "segments" / "index.parquet")
+        keys = index[["level", *BOTTOM]].astype(object).where(
+            index[["level", *BOTTOM]].notna(), None)
+        frame = keys.merge(pd.DataFrame({"t": days}), how="cross")
+        out = mlflow.pyfunc.load_model(f"models:/{name}/{version}").predict(
+            frame, params={"intervals": True})
+        return index, pd.concat([frame, pd.DataFrame(out)], axis=1)
+
+    merged_index, merged = answers(second.champion_version)
+    _, before = answers(first.version)
+    kept = merged_index.source == f"version {first.version}"
+    assert 0 < kept.sum() < len(merged_index)
+    assert merged_index["global"].nunique() == 2  # each run's, where its series refer to it
+    on = ["level", *BOTTOM, "t"]
+    same = merged.merge(before, on=on, suffixes=("", "_before"))
+    taken = same.merge(merged_index.loc[kept, ["level", *BOTTOM]], on=["level", *BOTTOM])
+    assert len(taken) == 4 * kept.sum()
+    for column in ("prediction", "lo_80", "hi_80"):
+        np.testing.assert_array_equal(taken[column].to_numpy(),
+                                      taken[f"{column}_before"].to_numpy())

@@ -551,7 +551,8 @@ def _split_by_keys(table: pa.Table, segment_by: list[str], keys: pa.Table
     if not table.num_rows:
         return table, table
     listed = keys.append_column("__listed", pa.repeat(True, keys.num_rows))
-    marked = null_safe_join(table, listed, segment_by)
+    # the keys alone are joined (in the table's order): Arrow's join takes no list
+    # columns, such as a reconciled hierarchy's shifts
+    marked = null_safe_join(table.select(segment_by), listed, segment_by)
     inside = pc.is_valid(marked.column("__listed"))
-    marked = marked.drop_columns(["__listed"])
-    return marked.filter(inside), marked.filter(pc.invert(inside))
+    return table.filter(inside), table.filter(pc.invert(inside))
