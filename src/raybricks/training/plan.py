@@ -20,6 +20,7 @@ import pyarrow as pa
 from raybricks.config import CandidateConfig, JobConfig
 from raybricks.data import segment_bounds
 from raybricks.kinds.forecasting import ForecastSpec
+from raybricks.results import TRAINED, keep_fallback
 from raybricks.segmented_model import SegmentModel
 from raybricks.training.selection import SegmentResult
 
@@ -155,6 +156,17 @@ class GivenGlobal:
     @property
     def kept(self) -> bool:
         return self.members is not None
+
+    def shared(self, plan: Plan, copies: int) -> Shared:
+        """What a job shares when it keeps this (the champion's) global model: the model
+        that competes in each of ``copies`` splits or backtest windows (0: none), and
+        the fallback."""
+        if copies:
+            plan = replace_plan(plan, global_members=[self.members] * copies,
+                                global_token=f"kept {self.name}")
+        return Shared(plan, lambda run_dir: keep_fallback(
+            run_dir, {"status": TRAINED, "kept": self.name}, self.members),
+            global_id=self.name)
 
 
 #: One segment's training: (key, first row, end row) of the block -> its result row and

@@ -167,11 +167,7 @@ class ForecastTask:
         if config.fallback != "global":
             return Shared(plan, lambda run_dir: None)
         if given is not None and given.kept:
-            plan = replace_plan(plan, global_members=[given.members] * plan.forecast.windows,
-                                global_token=f"kept {given.name}")
-            return Shared(plan, lambda run_dir: keep_fallback(
-                run_dir, {"status": TRAINED, "kept": given.name}, given.members),
-                global_id=given.name)
+            return given.shared(plan, plan.forecast.windows)
         if given is not None and given.refs is not None:
             refs, num_rows = given.refs, given.num_rows
         models, error = fit_global_models(refs, plan, config, num_rows)

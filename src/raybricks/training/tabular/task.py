@@ -21,7 +21,7 @@ from raybricks.config import CandidateConfig, JobConfig
 from raybricks.data import segment_bounds
 from raybricks.errors import DataError
 from raybricks.kinds import ModelKind
-from raybricks.results import TRAINED, keep_fallback
+from raybricks.results import keep_fallback
 from raybricks.training import recipe
 from raybricks.training.plan import (
     GivenGlobal,
@@ -351,12 +351,7 @@ class TableTask:
         whole = global_plan(plan, config)
         if config.fallback == "global" and given is not None and given.kept:
             splits = plan.folds if plan.method == "kfold" else 1
-            if config.selection == "all":
-                plan = replace_plan(plan, global_members=[given.members] * splits,
-                                    global_token=f"kept {given.name}")
-            return Shared(plan, lambda run_dir: keep_fallback(
-                run_dir, {"status": TRAINED, "kept": given.name}, given.members),
-                global_id=given.name)
+            return given.shared(plan, splits if config.selection == "all" else 0)
         if given is not None and given.refs is not None:
             refs, num_rows = given.refs, given.num_rows
         if config.fallback == "global" and config.selection == "all":
