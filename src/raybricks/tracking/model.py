@@ -38,9 +38,9 @@ def model_requirements(libraries: Iterable[str]) -> list[str]:
 
 
 def signature_for(store: SegmentStore, example: pd.DataFrame):
-    """Inputs: segment columns and features (types from the example; integer features
-    as ``Any``, see ``nullable_integers``); output: the prediction; params:
-    ``probabilities``, ``intervals``."""
+    """Inputs: segment columns and features (types from the example; with integer
+    features, every column ``Any``, see ``nullable_integers``); output: the prediction;
+    params: ``probabilities``, ``intervals``."""
     from mlflow.models import ModelSignature, infer_signature
     from mlflow.types import ColSpec, ParamSchema, ParamSpec, Schema
     from mlflow.types.schema import AnyType
@@ -48,7 +48,7 @@ def signature_for(store: SegmentStore, example: pd.DataFrame):
     columns = example[store.segment_by + store.features]
     integers = nullable_integers(columns, store.features)
     inferred = infer_signature(columns.astype({c: "float64" for c in integers})).inputs
-    inputs = Schema([ColSpec(AnyType(), spec.name) if spec.name in integers else spec
+    inputs = Schema([ColSpec(AnyType(), spec.name) if integers else spec
                      for spec in inferred.inputs])
     outputs = Schema([ColSpec(prediction_type(store.manifest), "prediction")])
     params = ParamSchema([ParamSpec("probabilities", "boolean", False),
@@ -60,7 +60,11 @@ def nullable_integers(example: pd.DataFrame, features: list[str]) -> list[str]:
     """The integer features, declared ``Any`` in the signature: MLflow refuses nulls in a
     ``long`` column (pandas holds them as float64 or ``Int64``) and refuses int64 in a
     ``double`` one, so no one type lets consumers send both; the model reads any number
-    (missing as NaN) itself."""
+    (missing as NaN) itself. Then every column is ``Any``: MLflow 2.x (DBR 15.4's 2.19)
+    rebuilds an ``Any`` column with a new index and a typed one with the input's, so a
+    frame whose index is not 0..n-1 (a filtered frame) came back with rows doubled; the
+    model checks the columns and key types itself (``missing_columns``,
+    ``segment_keys``)."""
     return [c for c in features if pd.api.types.is_integer_dtype(example[c].dtype)]
 
 
