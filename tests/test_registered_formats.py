@@ -2,8 +2,9 @@
 
 tests/fixtures/registered holds segmented model directories packaged by the code of the
 commit that added them (tests/fixtures/make_registered.py): a tabular regression with
-blends of local, global and baseline members, a multiclass model of local blends, and a
-forecast with statistical, lag and global members and intervals. Today's
+blends of local, global and baseline members, a multiclass model of local blends, a
+forecast with statistical, lag and global members and intervals (format 1), and a merged
+tabular model holding two global models, each segment referring to its own (format 2). Today's
 ``SegmentStore`` must read each and predict what that code predicted."""
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from raybricks.kinds.base import member_meta
 from raybricks.segmented_model import SegmentStore
 
 FIXTURES = Path(__file__).parent / "fixtures" / "registered"
-NAMES = ["tabular", "classification", "forecast"]
+NAMES = ["tabular", "classification", "forecast", "merged"]
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -62,6 +63,13 @@ def test_the_fixtures_cover_what_they_claim():
     assert {"sklearn", "lightgbm", "global", "baseline"} <= kinds("tabular")
     assert {"sklearn", "lightgbm"} <= kinds("classification")
     assert {"statsforecast", "lags:lightgbm", "global"} <= kinds("forecast")
+    index = pd.read_parquet(FIXTURES / "merged" / "model" / "index.parquet")
+    globals_ = pd.read_parquet(FIXTURES / "merged" / "model" / "fallback.parquet")
+    retrained = index.store.isin(["s2", "s3"])
+    assert index["global"].nunique() == globals_["global"].nunique() == 2
+    assert index["global"][retrained].nunique() == 1
+    assert not set(index["global"][retrained]) & set(index["global"][~retrained])
+    assert index.chosen.fillna("").str.contains("global").sum() >= 6
     blends = pd.read_parquet(FIXTURES / "tabular" / "expected.parquet")
     assert (blends.status == "unknown").sum() == 3  # the never-seen key, served by global
 
