@@ -696,7 +696,7 @@ def test_a_merge_into_a_format_1_champion_keeps_its_answers(spark, shops_ds,
                                       ("run", "champion"), replace=True)
     assert merged.manifest["global_model"] == run.run_id
     store = SegmentStore(merged.directory)
-    assert set(store.globals) == {run.run_id, manifest["training_run"]}
+    assert set(store.global_names) == {run.run_id, manifest["training_run"]}
     after = store.predict(frame).values.to_numpy()
     untouched = ~frame.store.isin(["s2", "s3", "never-seen"]).to_numpy()
     np.testing.assert_array_equal(after[untouched], before[untouched])
@@ -704,4 +704,4 @@ def test_a_merge_into_a_format_1_champion_keeps_its_answers(spark, shops_ds,
     assert not np.allclose(after[retrained], before[retrained])
     unseen = frame.store.eq("never-seen").to_numpy()
     np.testing.assert_allclose(after[unseen],
-                               store.globals[run.run_id].predict(frame[unseen]))
+                               store.global_model(run.run_id).predict(frame[unseen]))

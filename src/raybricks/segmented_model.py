@@ -448,12 +448,14 @@ class SegmentStore:
         self.cache_segments = max(int(cache_segments), 1)
         self._cache: OrderedDict[tuple, SegmentModel] = OrderedDict()
         # each segment answers with the global model it was trained with (a merged
-        # version holds every one its segments refer to); keys never seen, with the
-        # version's default
-        self.globals = {name: SegmentModel.from_rows(rows) for name, rows in
-                        read_globals(self.directory, self.manifest).items()}
+        # version holds every one its segments refer to), loaded when first asked for;
+        # keys never seen, with the version's default
+        self._global_rows = read_globals(self.directory, self.manifest)
+        self._globals: dict[str, SegmentModel] = {}
         self.default_global = default_global(self.manifest)
-        self.fallback: SegmentModel | None = self.globals.get(self.default_global)
+        self.fallback: SegmentModel | None = None
+        if self.default_global is not None:
+            self.fallback = self.global_model(self.default_global)
 
     def __len__(self) -> int:
         return len(self.index)
@@ -465,10 +467,20 @@ class SegmentStore:
         return locations(self.index.lookup(keys)).select(["status", "shard", "row_group",
                                                           GLOBAL])
 
+    @property
+    def global_names(self) -> list[str]:
+        """The names of the global models this model holds."""
+        return sorted(self._global_rows)
+
     def global_model(self, name: str | None) -> SegmentModel | None:
-        """The global model ``name`` (None: the version's default); None where the model
-        holds none of that name (a member that needs it says so when it predicts)."""
-        return self.fallback if name is None else self.globals.get(name)
+        """The global model ``name`` (None: the version's default), loaded once; None
+        where the model holds none of that name (a member that needs it says so when it
+        predicts)."""
+        if name is None:
+            return self.fallback
+        if name not in self._globals and name in self._global_rows:
+            self._globals[name] = SegmentModel.from_rows(self._global_rows[name])
+        return self._globals.get(name)
 
     def models(self, keys: list[tuple], where: pa.Table) -> dict[tuple, SegmentModel]:
         """The models of these segments (those that have one, ``where`` says: ``locate``),
