@@ -205,8 +205,8 @@ def register_and_promote(
                         "previous_champion": str(current.version)} | decision
         else:
             version = register(model_uri, name, run_id, tags, "challenger", created)
-            decision = promote(config, version, packaged, workdir, run_id, tags, example,
-                               created)
+            decision = promote(config, version, current, packaged, workdir, run_id, tags,
+                               example, created)
     except Exception as exc:
         for number in reversed(created):
             _delete_quietly(name, number)
@@ -221,15 +221,15 @@ def register_and_promote(
     return version, decision
 
 
-def promote(config: JobConfig, version, packaged: Packaged, workdir: Path, run_id: str,
-            tags: dict[str, str], example: pd.DataFrame | None, created: list[str]
-            ) -> dict[str, Any]:
-    """Apply ``registry.promote``: the decision, its numbers and the champion-to-be
-    (``merge`` and ``replace`` register the merged version here; the caller moves the
-    aliases)."""
+def promote(config: JobConfig, version, current, packaged: Packaged, workdir: Path,
+            run_id: str, tags: dict[str, str], example: pd.DataFrame | None,
+            created: list[str]) -> dict[str, Any]:
+    """Apply ``registry.promote`` to the challenger ``version`` against ``current``, the
+    version holding the alias before (None: none): the decision, its numbers and the
+    champion-to-be (``merge`` and ``replace`` register the merged version here; the
+    caller moves the aliases)."""
 
-    name, alias, rule = config.registry.name, config.registry.alias, config.registry.promote
-    current = version_for_alias(name, alias)
+    name, rule = config.registry.name, config.registry.promote
     challenger = str(version.version)
     previous = str(current.version) if current else None
     decision: dict[str, Any] = {"rule": rule, "challenger_version": challenger,
