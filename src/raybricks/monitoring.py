@@ -759,8 +759,9 @@ def global_health(measured: Measured, written: DataFrame) -> pd.DataFrame:
     from raybricks.sources import join_on_segments
 
     columns = list(GLOBAL_COLUMNS)
-    if measured.index is None or measured.default_global is None and not (
-            measured.index.where(F.col(GLOBAL).isNotNull()).limit(1).count()):
+    # a version without a default global model holds none (a merge keeps a default
+    # wherever either model had one)
+    if measured.index is None or measured.default_global is None:
         return pd.DataFrame(columns=columns)
     refs = measured.index.select(*measured.segment_by, F.col(GLOBAL).alias("_global"),
                                  F.col("chosen").alias("_chosen"))
