@@ -84,8 +84,11 @@ def test_every_file_is_read_by_its_header_and_every_file_without_rows_is_named(
         assert unread["header_only"].startswith(NO_ROWS["header_only"])
     else:  # a Parquet file without rows has no header to tell it from an unreadable one
         assert "holds no rows" in unread["header_only"]
-    absent = dict(files.absent_segments(["zip"]))
+    skipped = files.skipped(["zip"])
+    absent = dict(skipped.absent)
     assert {(k,) for k in NO_ROWS} == set(absent) and absent[("empty",)] == unread["empty"]
+    assert {key: count for key, (count, _) in skipped.notes.items()} == {
+        (k,): 1 for k in NO_ROWS}
     files.release()
 
 
@@ -117,6 +120,75 @@ def test_a_file_column_named_like_a_key_is_refused(spark, tmp_path):
         SegmentFiles(spark, f"{tmp_path}/{{zip}}/part.csv", "csv")
 
 
+def stale_checksum(path, content: bytes) -> None:
+    """Hadoop's checksum file beside ``path`` (``.name.crc``: CRC32 per 512 bytes), made
+    for other ``content``: what a file edited outside Hadoop leaves behind."""
+    import struct
+    import zlib
+
+    sums = b"".join(struct.pack(">I", zlib.crc32(content[i:i + 512]))
+                    for i in range(0, len(content), 512))
+    (path.parent / f".{path.name}.crc").write_bytes(b"crc\0" + struct.pack(">i", 512) + sums)
+
+
+#: bad files, each alone in its segment's folder or beside a good file of a trained
+#: segment (``write_bad_files``), and the start of the reason each must be skipped with
+BAD_FILES = {
+    "gzip": (b"\x1f\x8b\x08\x00" + bytes(range(200)), "not a CSV file"),  # as part.csv
+    "xlsx": (b"PK\x03\x04\x14\x00\x06\x00" + bytes(range(60)), "not a CSV file"),
+    "binary": (b"\x00\x01\x02abc", "not a CSV file"),  # short, no comma
+    "random": (np.random.default_rng(3).integers(0, 256, 300, dtype=np.uint8).tobytes()
+               + b"`,\n1,2\n", "not a CSV file"),
+    "control": (b"x1\x07,y\n1,2\n", "not a CSV file"),
+    "unparsed": (b'x1,"y\n1,2\n', "the header of"),
+    "repeated": (b"x1,x1,y\n1,2,3\n", "the header of"),
+    "ragged": (b"x1,x2,y\n1,2,3\n1,2,3,4,5\n", "rows that do not parse"),
+    "checksum": (b"x1,x2,y\n1,2,3\n", "no rows could be read"),  # a stale .crc beside it
+}
+
+
+def write_bad_files(root, beside: list[str]) -> None:
+    """Each of ``BAD_FILES`` as the only file of segment ``bad-<kind>``, and again as a
+    second file of an existing (good) segment's folder in ``beside``."""
+    for (kind, (content, _)), good in zip(BAD_FILES.items(), beside, strict=True):
+        for folder in (root / f"zip=bad-{kind}", root / f"zip={good}"):
+            folder.mkdir(exist_ok=True)
+            (folder / "part-9.csv").write_bytes(content)
+            if kind == "checksum":
+                stale_checksum(folder / "part-9.csv", b"x1,x2,y\n7,7,7\n")
+
+
+@pytest.mark.topology  # read on executors in their own JVMs too
+def test_a_bad_file_is_skipped_with_its_path_and_never_touches_other_files(spark, tmp_path):
+    frame = zip_frame(30, seed=2)
+    write_zip_files(tmp_path, frame, "csv")
+    beside = sorted(frame.zip.unique())[:len(BAD_FILES)]
+    write_bad_files(tmp_path, beside)
+    files = SegmentFiles(spark, f"{tmp_path}/zip={{zip}}/*", "csv")
+    read = files.frame.toPandas()
+    # no bad file added a column or a row: the good files' rows, exactly
+    assert sorted(read.columns) == ["x1", "x2", "y", "zip"]
+    columns = ["zip", "x1", "x2", "y"]
+    pd.testing.assert_frame_equal(
+        read[columns].sort_values(columns).reset_index(drop=True),
+        frame[columns].sort_values(columns).reset_index(drop=True), check_dtype=False)
+    assert pd.api.types.is_float_dtype(read.x1) and pd.api.types.is_integer_dtype(read.x2)
+    unread = {u.path.rsplit("/", 2)[-2]: u.reason for u in files.unread()
+              if u.path.endswith("part-9.csv")}
+    for kind, (_, reason) in BAD_FILES.items():
+        for folder in (f"zip=bad-{kind}", f"zip={beside[list(BAD_FILES).index(kind)]}"):
+            assert unread[folder].startswith(reason), (kind, unread[folder])
+            assert f"{folder}/part-9.csv" in unread[folder]  # the reason names the file
+    assert "stale .crc" in unread["zip=bad-checksum"]
+    skipped = files.skipped(["zip"])
+    absent = dict(skipped.absent)
+    assert set(absent) == {(f"bad-{k}",) for k in BAD_FILES} | {(k,) for k in NO_ROWS}
+    for good in beside:  # trained on its good file; the bad one named in its row
+        count, note = skipped.notes[(good,)]
+        assert count == 1 and note.startswith("1 of its files skipped") and "part-9" in note
+    files.release()
+
+
 @pytest.mark.topology  # the files read on executors in their own JVMs
 @pytest.mark.heavy  # ~40 s; the reading itself runs on every runtime (the tests above)
 def test_a_folder_of_files_trains_registers_and_scores_by_key(ray_on_spark, spark, tmp_path):
@@ -125,21 +197,29 @@ def test_a_folder_of_files_trains_registers_and_scores_by_key(ray_on_spark, spar
     frame = zip_frame(120, seed=1)
     root = tmp_path / "zips"
     write_zip_files(root, frame, "csv")
+    beside = sorted(frame.zip.unique())[:len(BAD_FILES)]
+    write_bad_files(root, beside)
     template = f"{root}/zip={{zip}}/*.csv*"
     config = JobConfig.model_validate({
         "source": {"path": template, "format": "csv"}, "segment_by": ["zip"],
-        "target": "y", "min_rows": 10,
+        "target": "y", "min_rows": 10, "fallback": "global",
         "models": [{"name": "ridge", "kind": "sklearn",
                     "estimator": "sklearn.linear_model.Ridge"}],
         "registry": {"name": "tests.files.zips", "promote": "always"},
         "training": {"output_dir": str(tmp_path / "runs"), "progress": False}})
     report = train(config, spark)
-    assert report.accounting["source_segments"] == 120 + len(NO_ROWS)
-    assert report.result.counts() == {"trained": 120, "skipped": len(NO_ROWS), "failed": 0}
+    bad = len(NO_ROWS) + len(BAD_FILES)
+    assert report.accounting["source_segments"] == 120 + bad
+    assert report.result.counts() == {"trained": 120, "skipped": bad, "failed": 0}
     rows = report.result.segments.set_index("zip")
-    for code, reason in NO_ROWS.items():
+    for code, reason in [*NO_ROWS.items(), *((f"bad-{k}", r) for k, (_, r) in BAD_FILES.items())]:
         assert rows.loc[code, "status"] == "skipped"
-        assert rows.loc[code, "reason"].startswith(reason)
+        assert rows.loc[code, "reason"].startswith(reason) and rows.loc[code, "files_skipped"] == 1
+    for code in beside:  # trained on its good file, the bad one named
+        assert rows.loc[code, "status"] == "trained" and rows.loc[code, "files_skipped"] == 1
+        assert f"zip={code}/part-9.csv" in rows.loc[code, "reason"]
+    assert (rows.drop(index=[*beside, *(f"bad-{k}" for k in BAD_FILES), *NO_ROWS])
+            .files_skipped == 0).all()
     # scoring reads the same template: every row scored by its own zip code's model
     summary = score("models:/tests.files.zips@champion", template,
                     str(tmp_path / "scored.parquet"), spark=spark)

@@ -13,19 +13,24 @@ Spark's CSV reader does (integer, long, double, boolean, date, timestamp, else s
 Parquet files are merged by name (``mergeSchema``). A file that gives no rows (empty, only a
 header, unreadable) never fails the job and is never lost: ``unread`` finds it against
 Spark's own listing of the files, with the reason, and a key none of whose files gave a row
-becomes a skipped segment (``absent_segments``).
+becomes a skipped segment and a segment that lost one of several files names it in its
+result row (``SegmentFiles.skipped``).
 """
 
 from __future__ import annotations
 
 import contextlib
-import csv
+import json
 import logging
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+from urllib.parse import unquote
 
+import pyarrow as pa
+
+from raybricks import csv_files
 from raybricks.errors import DataError, SourceNotFound
 
 if TYPE_CHECKING:
@@ -40,8 +45,6 @@ FILE = "__raybricks_file"
 #: files that give no rows, whose size and header are looked up one by one (past this,
 #: the reason is the general one)
 LOOKUPS = 1000
-#: the inferred types of CSV columns, tried in this order (as Spark's CSV inference)
-CSV_TYPES = ("int", "bigint", "double", "boolean", "date", "timestamp")
 
 
 def is_template(path: str | None) -> bool:
@@ -127,6 +130,16 @@ class UnreadFile:
     reason: str
 
 
+@dataclass(frozen=True)
+class SkippedFiles:
+    """The files that gave no rows, by segment: ``absent``, the segments without any
+    row (key, reason); ``notes``, every segment with a skipped file: how many, and what
+    its result row says (``training.engine.train_segments``)."""
+
+    absent: list[tuple[tuple, str]]
+    notes: dict[tuple, tuple[int, str]]
+
+
 class SegmentFiles:
     """The files a template matches, read by Spark: ``frame`` (the key columns, then the
     files' columns) for training and scoring, and ``unread`` for what gave no rows."""
@@ -137,8 +150,8 @@ class SegmentFiles:
         self.keys = key_names(path)
         self.regex = path_regex(path)
         self.folder, self.file_glob = folder_of(path)
-        self._headers: DataFrame | None = None
-        self._strings: DataFrame | None = None
+        self._skipped: dict[str, str] = {}  # files skipped while parsed: their reasons
+        self._parsed = 0  # how many files gave rows (CSV)
         rows, self._listing = self._read()
         present = {c.lower() for c in rows.columns}
         clash = sorted(k for k in self.keys if k.lower() in present)
@@ -174,8 +187,8 @@ class SegmentFiles:
         glob = glob_of(self.path)
         with _small_files(self.spark):
             try:
-                if self.format == "csv":
-                    lines = self._reader().text(self.folder)
+                if self.format == "csv":  # each file's bytes, as one row
+                    raw = self._reader().format("binaryFile").load(self.folder)
                 else:
                     raw = self._reader().option("mergeSchema", "true").parquet(self.folder)
             except AnalysisException as exc:
@@ -184,8 +197,9 @@ class SegmentFiles:
                     f"no {self.format} files match source.path {self.path!r} (as the glob "
                     f"{glob!r}): {first}. Check the folder and the template") from exc
             if self.format == "csv":  # read here, into the cache
-                fitting = lines.where(self.fits(F.col("_metadata.file_path")))
-                return self._csv_rows(fitting), lines
+                contents = (raw.select(F.col("_metadata.file_path").alias("path"), "content")
+                            .where(self.fits(F.col("path"))))
+                return self._csv_rows(contents), raw
             rows = (raw.select("*", F.col("_metadata.file_path").alias(FILE))
                     .where(self.fits(F.col(FILE))).persist())
             rows.count()  # read here, into the cache
@@ -197,75 +211,81 @@ class SegmentFiles:
 
         return F.regexp_extract(_decode(path), self.regex, 0) != ""
 
-    def _csv_rows(self, text: DataFrame) -> DataFrame:
-        """CSV rows by their files' own headers: the first line of each file names its
-        columns; the rest is parsed by position and mapped to those names."""
+    def _csv_rows(self, contents: DataFrame) -> DataFrame:
+        """CSV rows by their files' own headers, parsed in Spark's Python workers
+        (``raybricks.csv_files``): a pass finds each header's names and its columns' types
+        and the files to skip, a second parses every good file in the one schema."""
         from pyspark.sql import functions as F
 
-        lines = text.select(
-            F.col("value").alias("line"), F.col("_metadata.file_path").alias(FILE),
-            F.col("_metadata.file_block_start").alias("start"),
-            F.monotonically_increasing_id().alias("line_id"),
-        ).persist()
-        # a file's header is its first line (the lowest id of its first block's lines)
-        headers = (lines.where("start = 0").groupBy(FILE)
-                   .agg(F.min_by("line_id", "line_id").alias("header_id"),
-                        F.min_by("line", "line_id").alias("header"))).persist()
-        self._headers = headers
-        found = [row["header"] for row in headers.select("header").distinct().collect()]
-        if not found:
-            raise DataError(f"no file matching source.path {self.path!r} holds a line: "
-                            "every file is empty or unreadable")
-        layouts = {h: _header_names(h, self.path) for h in found}
-        names = list(dict.fromkeys(n for cols in layouts.values() for n in cols))
-        width = max(len(cols) for cols in layouts.values())
-        schema = ", ".join(f"c{i} STRING" for i in range(width))
-        data = (lines.join(headers, FILE)
-                .where((F.col("line_id") != F.col("header_id")) & (F.trim("line") != ""))
-                .select(FILE, "header", F.from_csv("line", schema).alias("cells")))
-        columns = [_by_header(name, layouts).alias(name) for name in names]
-        strings = data.select(FILE, *columns).persist()
-        types = _csv_types(strings, names)  # reads every line once, into the cache
-        lines.unpersist()
-        self._strings = strings
-        return strings.select(FILE, *[F.col(n).cast(t).alias(n) for n, t in types.items()])
+        contents = contents.persist()
+        try:
+            summary = contents.mapInArrow(csv_files.summarize,
+                                          _spark_schema(csv_files.SUMMARY)).collect()
+            self._skipped = {_normalized(row["path"]): row["reason"] for row in summary
+                             if row["path"] is not None}
+            layouts = [(json.loads(row["header"]), json.loads(row["types"]))
+                       for row in summary if row["path"] is None]
+            if not layouts:
+                shown = "; ".join(list(self._skipped.values())[:3])
+                raise DataError(f"no file matching source.path {self.path!r} gave a row"
+                                + (f": {shown}" if shown else ": no file found"))
+            self._parsed = sum(row["files"] for row in summary if row["path"] is None)
+            types = csv_files.settle(layouts)
+            parsed = {n: csv_files.PARSED.get(t) for n, t in types.items()}
+            schema = _spark_schema(csv_files.parsed_schema(types, FILE))
+            rows = contents.mapInArrow(csv_files.parse(types, FILE), schema).select(
+                FILE, *[_column(n) if parsed[n] is not None
+                        else F.expr(f"try_cast({_quote(n)} as {t})").alias(n)
+                        for n, t in types.items()]).persist()
+            rows.count()  # read here, into the cache
+        finally:
+            contents.unpersist()
+        return rows
 
     def unread(self) -> list[UnreadFile]:
-        """The files that gave no rows, with the reason (one Spark job over the listing
-        and the rows; the sizes of those files looked up, up to ``LOOKUPS``)."""
+        """The files that gave no rows, with the reason: those skipped while parsing, and
+        those Spark lists but could not read (one Spark job over the listing and the
+        rows; the sizes of those looked up, up to ``LOOKUPS``)."""
         from pyspark.sql import functions as F
 
         listing = (_listing(self.spark, self._listing).where(self.fits(F.col("path")))
                    .select(_comparable("path").alias("p")))
-        read = self.rows.select(_comparable(FILE).alias("p")).distinct()
-        missing = [r["p"] for r in listing.join(read, "p", "left_anti").collect()]
-        if not missing:
-            return []
-        with_header = set()
-        if self._headers is not None:
-            found = (self._headers.select(_comparable(FILE).alias("p"))
-                     .where(F.col("p").isin(missing[:LOOKUPS])).collect())
-            with_header = {r["p"] for r in found}
+        if self.format == "csv" and listing.count() == self._parsed + len(self._skipped):
+            missing = list(self._skipped)  # every file listed was read
+        else:
+            read = self.rows.select(_comparable(FILE).alias("p")).distinct()
+            missing = [r["p"] for r in listing.join(read, "p", "left_anti").collect()]
         pattern = re.compile(self.regex)
         unread = []
         for i, path in enumerate(sorted(missing)):
             match = pattern.search(path)
             key = match.groups() if match else None
-            size = self._size(path) if i < LOOKUPS else None
-            unread.append(UnreadFile(path, key, self._reason(path, size, with_header)))
+            reason = self._skipped.get(path)
+            if reason is None:
+                reason = self._reason(path, self._size(path) if i < LOOKUPS else None)
+            unread.append(UnreadFile(path, key, _decoded(reason)))
         return unread
 
-    def _reason(self, path: str, size: int | None, with_header: set[str]) -> str:
+    def _reason(self, path: str, size: int | None) -> str:
+        """Why a file Spark lists gave no row (it was not read at all)."""
         if size == 0:
             return f"empty file: {path}"
-        if path in with_header:
-            return f"only a header, no rows: {path}"
         if size is None:
             return f"no rows read from {path}"
         holds_none = ", holds no rows," if self.format == "parquet" else ""
+        checksum = self._stale_checksum(path)
         return (f"no rows could be read from {path} ({size} bytes): it{holds_none} is not "
-                f"readable as {self.format} (corrupt, truncated or wrongly compressed; "
-                "Spark's log names the error)")
+                f"readable as {self.format}" + (
+                    f" (its checksum file {checksum} does not match it: a stale .crc "
+                    "left from an earlier version of the file; delete the .crc)" if checksum
+                    else " (corrupt, truncated or wrongly compressed; Spark's log names "
+                    "the error)"))
+
+    def _stale_checksum(self, path: str) -> str | None:
+        """The Hadoop checksum file beside ``path`` (``.name.crc``), if there is one."""
+        folder, _, name = path.rpartition("/")
+        crc = f"{folder}/.{name}.crc"
+        return crc if self._size(crc) is not None else None
 
     def _size(self, path: str) -> int | None:
         """A file's size by Hadoop's file system (as Spark reaches it), or None."""
@@ -277,16 +297,18 @@ class SegmentFiles:
         except Exception:  # noqa: BLE001 - the size only words the reason
             return None
 
-    def absent_segments(self, segment_by: list[str]) -> list[tuple[tuple, str]]:
-        """The segments none of whose files gave a row, with the reason: only where the
-        path holds the whole segment key (else an unread file's segment is unknown)."""
+    def skipped(self, segment_by: list[str]) -> SkippedFiles:
+        """The files that gave no rows, by segment: the segments none of whose files gave
+        a row (skipped, with the reason) and the others' skipped files (their result rows
+        name them). By segment only where the path holds the whole segment key (else a
+        file's segment is unknown: the files are logged)."""
         unread = self.unread()
         if unread:
             shown = "; ".join(u.reason for u in unread[:5])
             log.warning("%d file(s) of source.path gave no rows: %s%s", len(unread), shown,
                         " ..." if len(unread) > 5 else "")
         if not unread or not set(segment_by) <= set(self.keys):
-            return []
+            return SkippedFiles([], {})
         order = [self.keys.index(name) for name in segment_by]
         by_key: dict[tuple, list[str]] = {}
         for u in unread:
@@ -297,69 +319,55 @@ class SegmentFiles:
             wanted = self.spark.createDataFrame(list(by_key), segment_by)
             present = {tuple(r) for r in self.frame.select(*segment_by).distinct()
                        .join(wanted, segment_by).collect()}
-        return [(key, _absent_reason(reasons)) for key, reasons in sorted(by_key.items())
-                if key not in present]
+        notes = {key: (len(reasons), _skipped_note(reasons, key in present))
+                 for key, reasons in sorted(by_key.items())}
+        return SkippedFiles([(key, notes[key][1]) for key in notes if key not in present],
+                            notes)
 
     def release(self) -> None:
         """Free the cached rows (after the data went to Ray)."""
-        for frame in (self.rows, self._strings, self._headers):
-            if frame is not None:
-                frame.unpersist()
+        self.rows.unpersist()
 
 
-def _absent_reason(reasons: list[str]) -> str:
+def _skipped_note(reasons: list[str], trained: bool) -> str:
+    """What a segment's result row says of its skipped files (``trained``: on others)."""
+    shown = "; ".join(reasons[:3]) + (f"; and {len(reasons) - 3} more" if len(reasons) > 3
+                                      else "")
+    if trained:
+        return f"{len(reasons)} of its files skipped: {shown}"
     if len(reasons) == 1:
         return reasons[0]
-    return f"no rows in any of its {len(reasons)} files: {'; '.join(reasons[:3])}"
+    return f"no rows in any of its {len(reasons)} files: {shown}"
 
 
-def _header_names(header: str, path: str) -> list[str]:
-    """A CSV header's column names (quoted as CSV, a byte-order mark dropped)."""
-    names = [n.strip() for n in next(csv.reader([header.lstrip("\ufeff")]))]
-    if not all(names) or len(set(names)) != len(names):
-        raise DataError(f"a file of source.path {path!r} has the header {header!r}, with an "
-                        "empty or repeated column name: every CSV file needs a header of "
-                        "distinct names")
-    return names
+def _normalized(path: str) -> str:
+    """A path as Spark reports it, as ``_comparable`` makes it (decoded, ``file:/``)."""
+    return re.sub(r"^([A-Za-z][A-Za-z0-9+.-]*):/+", r"\1:/", unquote(path))
 
 
-def _by_header(name: str, layouts: dict[str, list[str]]) -> Column:
-    """The column ``name`` of a row, from the position its file's header gives it."""
+def _decoded(reason: str) -> str:
+    """A reason naming a path as Spark reports it (URL-encoded), decoded."""
+    return unquote(reason) if "%" in reason else reason
+
+
+def _quote(name: str) -> str:
+    """A column name quoted for Spark SQL (any characters)."""
+    return "`" + name.replace("`", "``") + "`"
+
+
+def _column(name: str) -> Column:
     from pyspark.sql import functions as F
 
-    having = [(h, cols.index(name)) for h, cols in layouts.items() if name in cols]
-    if len(having) == len(layouts) and len({i for _, i in having}) == 1:
-        return F.col(f"cells.c{having[0][1]}")
-    column = None
-    for header, index in having:
-        column = (F.when if column is None else column.when)(
-            F.col("header") == header, F.col(f"cells.c{index}"))
-    return column
+    return F.col(_quote(name))
 
 
-def _csv_types(strings: DataFrame, names: list[str]) -> dict[str, str]:
-    """The type of each CSV column: the first of ``CSV_TYPES`` every value converts to
-    (a date without a time part), else string (one Spark job)."""
-    from pyspark.sql import functions as F
+def _spark_schema(schema: pa.Schema):
+    """The Spark schema of an Arrow schema (the columns ``csv_files`` writes)."""
+    from pyspark.sql import types as T
 
-    def converts(name: str, kind: str) -> Column:
-        value = F.col(f"`{name}`")
-        if kind == "boolean":
-            return F.count(F.when(F.lower(value).isin("true", "false"), 1))
-        cast = F.expr(f"try_cast(`{name}` as {kind})")
-        if kind == "date":
-            cast = F.when(F.length(F.trim(value)) <= 10, cast)
-        return F.count(cast)
-
-    aggregates = [F.count(F.col(f"`{n}`")).alias(f"{i}:n") for i, n in enumerate(names)]
-    aggregates += [converts(n, kind).alias(f"{i}:{kind}") for i, n in enumerate(names)
-                   for kind in CSV_TYPES]
-    counts = strings.agg(*aggregates).first().asDict()
-    types = {}
-    for i, name in enumerate(names):
-        n = counts[f"{i}:n"]
-        types[name] = next((k for k in CSV_TYPES if n and counts[f"{i}:{k}"] == n), "string")
-    return types
+    kinds = {pa.string(): T.StringType(), pa.int64(): T.LongType(),
+             pa.float64(): T.DoubleType(), pa.bool_(): T.BooleanType()}
+    return T.StructType([T.StructField(f.name, kinds[f.type]) for f in schema])
 
 
 #: Spark's settings while it lists and reads the files: a listing job of a few tasks per

@@ -400,7 +400,7 @@ def _train_source(config: JobConfig, spark: SparkSession, df: DataFrame, num_row
     # the source's distinct segments, counted by Spark while Ray converts and trains
     counting = ThreadPoolExecutor(1, thread_name_prefix="raybricks-accounting")
     source_segments = counting.submit(count_segments, df, config.segment_by)
-    absent = counting.submit(files.absent_segments, config.segment_by) if files else None
+    skipped = counting.submit(files.skipped, config.segment_by) if files else None
     counting.shutdown(wait=False)
     with ray_cluster(config.cluster, spark, timings, config.gpu_candidates()):
         with stage("data", timings, "data: the source as Ray blocks by segment"):
@@ -421,9 +421,11 @@ def _train_source(config: JobConfig, spark: SparkSession, df: DataFrame, num_row
                                        staging_dir=config.data.staging_dir)
                 given = GivenGlobal(refs=whole.block_refs(), num_rows=whole.num_rows)
         try:
-            empty = absent.result() if absent else []
+            lost = skipped.result() if skipped else None
+            empty = lost.absent if lost else []
             with stage("training", timings, f"training (run {config.training.run_id})"):
-                result = train_segments(segmented, config, absent=empty, given_global=given)
+                result = train_segments(segmented, config, absent=empty, given_global=given,
+                                        file_notes=lost.notes if lost else None)
         finally:  # the staged files, kept for rebuilding lost blocks, are not needed
             segmented.release()
             if whole is not None:

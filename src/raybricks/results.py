@@ -38,7 +38,8 @@ def result_schema(keys: list[pa.Field], metric_name: str, candidates: list[str])
     ``<candidate>_seconds``: the core seconds of evaluating that candidate on the segment
     (its fits and scoring, every setting searched), beside ``fit_seconds``, the whole
     segment's; ``profile``: a trained segment's training rows summarized for monitoring
-    (``raybricks.profiles``, JSON)."""
+    (``raybricks.profiles``, JSON); ``files_skipped`` (files as segments): the segment's
+    files that gave no rows, each named in ``reason``."""
     scores = [f"baseline_{metric_name}", *(f"{c}_{metric_name}" for c in candidates),
               f"metric_{metric_name}"]
     timed = [f"{c}_seconds" for c in candidates if c not in RESERVED_NAMES]
@@ -50,7 +51,7 @@ def result_schema(keys: list[pa.Field], metric_name: str, candidates: list[str])
         pa.field("chosen", pa.string()), pa.field("weights", pa.string()),
         pa.field("fit_seconds", pa.float64()),
         *(pa.field(name, pa.float64()) for name in timed),
-        pa.field("profile", pa.string()),
+        pa.field("profile", pa.string()), pa.field("files_skipped", pa.int64()),
     ])
 
 

@@ -58,7 +58,14 @@ from raybricks.results import (
     read_parts,
 )
 from raybricks.segmented_model import KeyIndex
-from raybricks.training.plan import GivenGlobal, Plan, needs_gpus, segment_rows, stable_seed
+from raybricks.training.plan import (
+    GivenGlobal,
+    Plan,
+    needs_gpus,
+    replace_plan,
+    segment_rows,
+    stable_seed,
+)
 from raybricks.training.remote import remote
 from raybricks.training.search import spread_settings
 from raybricks.training.selection import (
@@ -346,11 +353,14 @@ def with_run_id(config: JobConfig) -> JobConfig:
 def train_segments(
     segmented: SegmentedDataset, config: JobConfig, *, progress: bool | None = None,
     absent: Sequence[tuple[tuple, str]] = (), given_global: GivenGlobal | None = None,
+    file_notes: dict[tuple, tuple[int, str]] | None = None,
 ) -> TrainingResult:
     """Train every segment of a segment-aligned dataset as the job config says.
     ``absent``: segments of the source without rows (files that gave none), recorded as
-    skipped with their reason; ``given_global``: the global model kept from the champion
-    or fitted on the whole source's blocks (a retrain of some segments)."""
+    skipped with their reason; ``file_notes`` (files as segments): each segment's
+    skipped files, counted and named in its result row; ``given_global``: the global
+    model kept from the champion or fitted on the whole source's blocks (a retrain of
+    some segments)."""
     import ray
 
     start = time.perf_counter()
@@ -365,8 +375,10 @@ def train_segments(
     threads = max(int(max(c.resources.num_cpus for c in config.models)), 1)
     task = task_of(config)
     refs = segmented.block_refs()
-    shared = task.share(refs, task.plan(config, segmented.schema, threads), config,
-                        segmented.num_rows, given_global)
+    plan = task.plan(config, segmented.schema, threads)
+    if file_notes is not None:
+        plan = replace_plan(plan, file_notes=file_notes)
+    shared = task.share(refs, plan, config, segmented.num_rows, given_global)
     plan = shared.plan
     if absent:
         keys, reasons = zip(*absent, strict=True)

@@ -59,6 +59,9 @@ class Plan:
     serve_skipped: bool = False  # skipped segments get their baseline (no global model)
     key_fields: list[pa.Field] = field(default_factory=list)  # segment columns' types
     forecast: ForecastSpec | None = None  # task forecast: ``forecast.series.forecast_spec``
+    # files as segments: each segment's files that gave no rows (how many, what its
+    # result row says); None: the source is not a folder of files
+    file_notes: dict[tuple, tuple[int, str]] | None = None
 
     @property
     def columns(self) -> list[str]:

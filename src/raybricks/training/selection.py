@@ -292,6 +292,11 @@ class SegmentResult:
         metric = plan.metric
         row: dict[str, Any] = dict(zip(plan.segment_by, self.key, strict=True))
         row.update(status=self.status, reason=self.reason, n_rows=self.n_rows)
+        if plan.file_notes is not None:  # files as segments: the files it lost, named
+            count, note = plan.file_notes.get(tuple(self.key), (0, None))
+            row["files_skipped"] = count
+            if note and note not in (self.reason or ""):
+                row["reason"] = f"{self.reason}; {note}" if self.reason else note
         optional = {"n_valid": self.n_valid, f"baseline_{metric}": self.baseline,
                     **{f"{name}_{metric}": v for name, v in self.scores.items()},
                     f"metric_{metric}": self.estimate,
