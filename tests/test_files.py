@@ -116,8 +116,20 @@ def test_a_file_column_named_like_a_key_is_refused(spark, tmp_path):
 
     (tmp_path / "a").mkdir()
     (tmp_path / "a/part.csv").write_text("zip,y\n1,2\n")
-    with pytest.raises(DataError, match=r"\['zip'\] are in the files and also keys"):
+    with pytest.raises(DataError, match=r"\['zip'\] are in the files \(e.g. .*a/part.csv\) and"):
         SegmentFiles(spark, f"{tmp_path}/{{zip}}/part.csv", "csv")
+
+
+def test_the_file_that_makes_a_column_text_is_named(spark, tmp_path, capsys):
+    for name, values in {"a": "1.5\n2.5\n", "b": "3\n4\n", "c": "5\n6 kg\n"}.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "part.csv").write_text("y\n" + values)
+    files = SegmentFiles(spark, f"{tmp_path}/{{zip}}/part.csv", "csv")
+    assert dict(files.frame.dtypes)["y"] == "string"
+    said = capsys.readouterr()
+    assert "column 'y' is read as text" in said.out + said.err
+    assert "c/part.csv holds values that are not numbers" in said.out + said.err
+    files.release()
 
 
 def stale_checksum(path, content: bytes) -> None:

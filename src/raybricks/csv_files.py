@@ -25,14 +25,18 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.csv as pcsv
 
 #: the columns ``summarize`` writes: a header's layout (``header``: its names as JSON,
-#: ``types``: each column's Spark type as JSON, ``files``/``rows``: how many), or a
-#: skipped file (``path``, ``reason``)
+#: ``types``: each column's Spark type as JSON, ``files``/``rows``: how many, ``path``:
+#: one of those files), or a skipped file (``path``, ``reason``)
 SUMMARY = pa.schema([pa.field("path", pa.string()), pa.field("header", pa.string()),
                      pa.field("types", pa.string()), pa.field("files", pa.int64()),
-                     pa.field("rows", pa.int64()), pa.field("reason", pa.string())])
+                     pa.field("rows", pa.int64()), pa.field("reason", pa.string()),
+                     pa.field("text", pa.string())])
+#: a number as CSV text (what makes a column of numbers and a stray word text)
+NUMBER = r"^\s*[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?\s*$"
 #: the Spark types a CSV column can take, widest last within each family
 NUMBERS = ("bigint", "double")
 #: values read as null (pandas' and Arrow's defaults)
@@ -199,13 +203,30 @@ def summarize(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
                 types = [INFERRED.get(str(t), "timestamp" if pa.types.is_timestamp(t)
                                       else None if pa.types.is_null(t) else "string")
                          for t in table.schema.types]
-                rows.append((None, json.dumps(names), json.dumps(types), len(group),
-                             table.num_rows, None))
-        rows += [(path, None, None, None, None, reason) for path, reason in skipped]
+                rows.append((group[0].path, json.dumps(names), json.dumps(types),
+                             len(group), table.num_rows, None,
+                             json.dumps(_text_files(group, table))))
+        rows += [(path, None, None, None, None, reason, None) for path, reason in skipped]
         columns = list(zip(*rows, strict=True)) if rows else [()] * len(SUMMARY)
         yield pa.RecordBatch.from_arrays(
             [pa.array(list(c), f.type) for c, f in zip(columns, SUMMARY, strict=True)],
             schema=SUMMARY)
+
+
+def _text_files(group: list[File], table: pa.Table) -> dict[str, str]:
+    """For each text column of files parsed together where some values are numbers:
+    the first file holding a value that is not (the file that made the column text)."""
+    found = {}
+    ends = np.cumsum([len(f.lines) for f in group])
+    for name, column in zip(table.column_names, table.columns, strict=True):
+        if not pa.types.is_string(column.type):
+            continue
+        number = pc.match_substring_regex(column, NUMBER).to_numpy(zero_copy_only=False)
+        valid = column.is_valid().to_numpy(zero_copy_only=False)
+        other = np.flatnonzero(valid & ~number.astype(bool, copy=False))
+        if len(other) and (valid & number.astype(bool, copy=False)).any():
+            found[name] = group[int(np.searchsorted(ends, other[0], side="right"))].path
+    return found
 
 
 def settle(layouts: Iterable[tuple[list[str], list[str | None]]]) -> dict[str, str]:

@@ -30,7 +30,7 @@ from urllib.parse import unquote
 
 import pyarrow as pa
 
-from raybricks import csv_files
+from raybricks import console, csv_files
 from raybricks.errors import DataError, SourceNotFound
 
 if TYPE_CHECKING:
@@ -152,12 +152,18 @@ class SegmentFiles:
         self.folder, self.file_glob = folder_of(path)
         self._skipped: dict[str, str] = {}  # files skipped while parsed: their reasons
         self._parsed = 0  # how many files gave rows (CSV)
+        self.example: dict[str, str] = {}  # a file holding each column (CSV)
+        self._text: dict[str, str] = {}  # a file with text values in each column (CSV)
+        self._mixed: set[str] = set()  # columns of words and numbers within files read together
         rows, self._listing = self._read()
         present = {c.lower() for c in rows.columns}
         clash = sorted(k for k in self.keys if k.lower() in present)
         if clash:
+            holder = next((self.example[c] for c in self.example if c.lower() in
+                           {k.lower() for k in clash}), None)
             raise DataError(
-                f"column(s) {clash} are in the files and also keys of source.path "
+                f"column(s) {clash} are in the files"
+                + (f" (e.g. {holder})" if holder else "") + " and also keys of source.path "
                 f"{path!r}: rename the {{name}} in the path (e.g. {{{clash[0]}_key}})")
         self.rows = rows
         self.frame = self.rows.select(*self.key_columns(), *[c for c in rows.columns
@@ -222,15 +228,24 @@ class SegmentFiles:
             summary = contents.mapInArrow(csv_files.summarize,
                                           _spark_schema(csv_files.SUMMARY)).collect()
             self._skipped = {_normalized(row["path"]): row["reason"] for row in summary
-                             if row["path"] is not None}
-            layouts = [(json.loads(row["header"]), json.loads(row["types"]))
-                       for row in summary if row["path"] is None]
+                             if row["header"] is None}
+            found = [row for row in summary if row["header"] is not None]
+            layouts = [(json.loads(row["header"]), json.loads(row["types"])) for row in found]
+            for (names, kinds), row in zip(layouts, found, strict=True):
+                text = json.loads(row["text"])
+                for name, kind in zip(names, kinds, strict=True):
+                    self.example.setdefault(name, unquote(row["path"]))
+                    if kind == "string":  # a file of this layout with a word in it
+                        self._text.setdefault(name, unquote(text.get(name, row["path"])))
+                        if name in text:
+                            self._mixed.add(name)
             if not layouts:
                 shown = "; ".join(list(self._skipped.values())[:3])
                 raise DataError(f"no file matching source.path {self.path!r} gave a row"
                                 + (f": {shown}" if shown else ": no file found"))
-            self._parsed = sum(row["files"] for row in summary if row["path"] is None)
+            self._parsed = sum(row["files"] for row in found)
             types = csv_files.settle(layouts)
+            self._say_text(types, layouts)
             parsed = {n: csv_files.PARSED.get(t) for n, t in types.items()}
             schema = _spark_schema(csv_files.parsed_schema(types, FILE))
             rows = contents.mapInArrow(csv_files.parse(types, FILE), schema).select(
@@ -241,6 +256,16 @@ class SegmentFiles:
         finally:
             contents.unpersist()
         return rows
+
+    def _say_text(self, types: dict[str, str], layouts: list) -> None:
+        """Name a file that made a column text where other files hold numbers or dates
+        (a stray value, a unit or a comma in one file of a million)."""
+        for name, kind in types.items():
+            others = any(n == name and k not in (None, "string")
+                         for names, kinds in layouts for n, k in zip(names, kinds, strict=True))
+            if kind == "string" and (others or name in self._mixed) and name in self._text:
+                console.say(f"source: column {name!r} is read as text: {self._text[name]} "
+                            "holds values that are not numbers (other files' values are)")
 
     def unread(self) -> list[UnreadFile]:
         """The files that gave no rows, with the reason: those skipped while parsing, and
