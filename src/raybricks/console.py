@@ -3,18 +3,24 @@ seconds), tqdm's progress bars, the summary; and, kept aside, what Ray, Spark, M
 the model libraries print.
 
 ``stage(name)`` times a stage and says so (``quiet()`` turns the lines off, as
-``training.progress: false`` does); ``say`` prints a line of raybricks' own. The CLI runs
-its verb inside ``libraries_to(log_file)``: file descriptors 1 and 2, which the Spark JVM,
-Ray's processes and every library writing to the terminal inherit or use, go to the log
-file, and so do Python's logging and warnings; raybricks' lines and bars keep the
-terminal. In a notebook (or under ``--verbose``) nothing is redirected: the API shows its
-stage lines and tqdm's notebook bar.
+``training.progress: false`` does); ``say`` prints a line of raybricks' own. A verb runs
+inside ``clock()``: its top-level stages and the time outside them (``other``) add up to
+its wall time, measured from its start (the CLI's: from the command's, ``command()``),
+and ``wall_time`` says so in one line; ``spark_session`` starts Spark as a stage of its
+own when no session is given or active.
+
+The CLI runs its verb inside ``libraries_to(log_file)``: file descriptors 1 and 2, which
+the Spark JVM, Ray's processes and every library writing to the terminal inherit or use,
+go to the log file, and so do Python's logging and warnings; raybricks' lines and bars
+keep the terminal. In a notebook (or under ``--verbose``) nothing is redirected: the API
+shows its stage lines and tqdm's notebook bar.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import signal
 import sys
@@ -22,12 +28,22 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from raybricks.config import SparkConfig
 
 _terminal: TextIO | None = None  # raybricks' own output while libraries are redirected
 _quiet = False
 _depth = 0  # stages open now
+#: The time outside a verb's stages, in its ``timings``.
+OTHER = "other"
+#: The CLI's time before its verb's clock: imports, the log file (in its ``timings``).
+START_UP = "start-up"
 
 
 def terminal() -> TextIO:
@@ -101,14 +117,101 @@ def spark_progress(spark, total: int | None, desc: str, unit: str = "row"
             context.setLocalProperty("spark.job.description", None)
 
 
+@dataclass
+class Clock:
+    """A verb's wall time from its ``start`` and the seconds of its top-level stages (those
+    opened at ``depth``: a stage inside one of them is part of it), in order."""
+
+    start: float
+    depth: int
+    stages: dict[str, float] = field(default_factory=dict)
+
+    def seconds(self) -> float:
+        """The wall time so far."""
+        return time.perf_counter() - self.start
+
+    def timings(self, seconds: float | None = None) -> dict[str, float]:
+        """The stages and ``other``, the time outside them, adding up to ``seconds``
+        (default: the wall time so far)."""
+        seconds = self.seconds() if seconds is None else seconds
+        return {**self.stages, OTHER: max(seconds - sum(self.stages.values()), 0.0)}
+
+
+_clocks: list[Clock] = []  # the clocks open now, the innermost last
+_command_start: float | None = None  # the CLI's command, until its verb's clock takes it
+
+
+@contextlib.contextmanager
+def command() -> Iterator[None]:
+    """The CLI's command runs in the block: the first verb's clock counts from here when
+    nothing (no stage) ran before it; the time until then is its ``start-up``."""
+    global _command_start
+    _command_start = time.perf_counter()
+    try:
+        yield
+    finally:
+        _command_start = None
+
+
+@contextlib.contextmanager
+def clock() -> Iterator[Clock]:
+    """A verb's clock: its stages from here on, and the wall time from here (the CLI
+    command's start, when the verb is the command's and nothing ran before it)."""
+    global _command_start
+    now = time.perf_counter()
+    found = Clock(now, _depth)
+    if _command_start is not None and not _clocks and _depth == 0:
+        found.start, found.stages[START_UP] = _command_start, now - _command_start
+    _command_start = None
+    _clocks.append(found)
+    try:
+        yield found
+    finally:
+        _clocks.remove(found)
+
+
+def wall_time(timings: dict[str, float], seconds: float) -> str:
+    """``wall time per stage (s): spark 4.3, ...; total 69.4``: the seconds to a tenth,
+    those of the stages adding up to the total's (the tenths rounding lost go to the
+    stages that lost the most)."""
+    tenths = {name: value * 10 for name, value in timings.items()}
+    shown = {name: math.floor(value) for name, value in tenths.items()}
+    lost = round(seconds * 10) - sum(shown.values())
+    for name in sorted(tenths, key=lambda n: shown[n] - tenths[n])[:max(lost, 0)]:
+        shown[name] += 1
+    return ("wall time per stage (s): "
+            + ", ".join(f"{name} {value / 10:.1f}" for name, value in shown.items())
+            + f"; total {round(seconds * 10) / 10:.1f}")
+
+
+def spark_session(spark: SparkSession | None = None, config: SparkConfig | None = None,
+                  timings: dict[str, float] | None = None) -> SparkSession:
+    """``spark``, else the active session, else one raybricks starts (``config``): a stage
+    of its own, ``spark``; a given or active session costs nothing."""
+    if spark is not None:
+        return spark
+    from raybricks.cluster import spark_session as started
+
+    if "pyspark" in sys.modules:  # else no session can be active: its import is the stage's
+        from raybricks.session import active_spark
+
+        if (active := active_spark()) is not None:
+            return active
+    with stage("spark", timings, "Spark: start a session"):
+        return started(config)
+
+
 @contextlib.contextmanager
 def stage(name: str, timings: dict[str, float] | None = None, says: str | None = None
           ) -> Iterator[None]:
     """Say the stage (``says``, else its ``name``) starts, then that it ended (or
-    stopped) after how many seconds; its seconds go into ``timings[name]``."""
-    global _depth
+    stopped) after how many seconds; its seconds go into ``timings[name]`` and, for a
+    verb's top-level stage, its clock's."""
+    global _depth, _command_start
     start = time.perf_counter()
     label, indent = says or name, "  " * _depth  # a stage inside another is indented
+    owner = _clocks[-1] if _clocks and _clocks[-1].depth == _depth else None
+    _command_start = None  # something ran before any verb's clock: not its start-up
     if not _quiet:
         say(f"{indent}> {label} ...")
     _depth += 1
@@ -120,7 +223,9 @@ def stage(name: str, timings: dict[str, float] | None = None, says: str | None =
         raise
     finally:
         _depth -= 1
-    seconds = time.perf_counter() - start
+        seconds = time.perf_counter() - start
+        if owner is not None:
+            owner.stages[name] = owner.stages.get(name, 0.0) + seconds
     if timings is not None:
         timings[name] = seconds
     if not _quiet:
