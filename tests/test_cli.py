@@ -286,10 +286,21 @@ def test_the_python_api_shows_its_stages_and_keeps_library_logs_in_the_run_log(
                                               "estimator": "sklearn.linear_model.Ridge"}],
         "min_rows": 20, "registry": {"name": "tests.cli.api"},
         "training": {"output_dir": str(tmp_path / "runs"), "run_id": "api"}})
-    raybricks.train(config)
+    start = time.perf_counter()
+    report = raybricks.train(config)
+    wall = time.perf_counter() - start
     shown = capsys.readouterr()
     assert "> training (run api) ...\n" in shown.out
     assert re.search(r"^  registry: .*: \d+\.\d s$", shown.out, re.M)
+    # the source's reading is a stage of its own, Spark's start none (the session is
+    # active); with the time between them, the stages add up to the job's wall time
+    assert list(report.timings) == ["checks", "source", "cluster", "data", "training",
+                                    "accounting", "registry", "other"]
+    assert sum(report.timings.values()) == pytest.approx(report.seconds)
+    assert report.seconds <= wall < report.seconds + 0.5
+    assert re.search(r"^  checks: config, estimators, registry name: \d+\.\d s$",
+                     shown.out, re.M)
+    assert f"> source: {source}: columns, types, target ...\n" in shown.out
     logged = (tmp_path / "runs" / "api" / "raybricks.log").read_text()
     # what MLflow logs and warns while the model is logged is in the log, not shown
     assert re.search(r"^\S+ \S+ (INFO|WARNING) (mlflow\.|py\.warnings: \S*mlflow)",

@@ -2,12 +2,14 @@
 submit``.
 
 Each verb is a pair: a function that adds its arguments and one that runs it. A verb
-prints its stages, progress and summary; what Ray, Spark, MLflow and the model libraries
-print goes to a log file (the run's ``raybricks.log`` for ``train``), whose path is
-printed first (``--verbose``: shown live instead). Errors that are the user's to fix
-(RaybricksError) print one message and exit 2; any other failure prints one paragraph
-and the log's path and exits 1 (``--verbose``: with the traceback); Ctrl-C shuts Ray and
-Spark down, keeps what finished and exits 130 (``train``: with the command that resumes).
+prints its stages, progress and summary, then its wall time per stage, adding up to its
+total from the command's start (``console.wall_time``); what Ray, Spark, MLflow and the
+model libraries print goes to a log file (the run's ``raybricks.log`` for ``train``),
+whose path is printed first (``--verbose``: shown live instead). Errors that are the
+user's to fix (RaybricksError) print one message and exit 2; any other failure prints one
+paragraph and the log's path and exits 1 (``--verbose``: with the traceback); Ctrl-C
+shuts Ray and Spark down, keeps what finished and exits 130 (``train``: with the command
+that resumes).
 """
 
 from __future__ import annotations
@@ -94,6 +96,7 @@ def run_train(args: argparse.Namespace) -> int:
     say(f"results and models: {report.result.run_dir}")
     if report.publication is not None:
         say(report.publication.describe())
+    say(report.wall_time())
     return 1 if report.result.counts()["trained"] == 0 else 0
 
 
@@ -135,6 +138,7 @@ def run_validate(args: argparse.Namespace) -> int:
     with logged(args):
         found = validate(config, source=not args.no_source)
     say(found.describe())
+    say(found.wall_time())
     return SOURCE_NOT_CHECKED if args.require_source and found.source_columns is None else 0
 
 
@@ -160,6 +164,7 @@ def run_score(args: argparse.Namespace) -> int:
         summary = score(args.model, args.input, args.output,
                         probabilities=args.probabilities, intervals=args.intervals)
     say(str(summary))
+    say(summary.wall_time())
     return 0
 
 
@@ -180,6 +185,7 @@ def run_forecast(args: argparse.Namespace) -> int:
         summary = forecast(args.model, args.output, horizon=args.horizon,
                            segments=args.segments, intervals=args.intervals)
     say(str(summary))
+    say(summary.wall_time())
     return 0
 
 
@@ -224,6 +230,7 @@ def run_monitor(args: argparse.Namespace) -> int:
                          time_column=args.time_column, target=args.target,
                          thresholds=thresholds, log_run=not args.no_run)
     say(report.summary())
+    say(report.wall_time())
     return 0
 
 
@@ -295,7 +302,8 @@ def main(argv: list[str] | None = None) -> int:
     args.log_file = args.resume = args.kept = None
     use_master(args)
     try:
-        return VERBS[args.verb][2](args)
+        with console.command():  # a verb's wall time counts from here
+            return VERBS[args.verb][2](args)
     except KeyboardInterrupt:
         return interrupted(args)
     except Exception as exc:  # noqa: BLE001 - one message or paragraph, not a traceback

@@ -11,14 +11,13 @@ fails loudly, before anything is registered, when they disagree.
 from __future__ import annotations
 
 import logging
-import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from raybricks import console, hierarchy, monitoring
-from raybricks.cluster import ray_cluster, spark_session
+from raybricks.cluster import ray_cluster
 from raybricks.compat import arrow_schema
 from raybricks.config import JobConfig
 from raybricks.console import stage
@@ -210,12 +209,15 @@ def duplicate_dates(df: DataFrame, config: JobConfig) -> str:
 class Validation:
     """What ``validate`` found: the config (with its defaults resolved) is valid, and the
     source was checked (``source_columns``) or why not (``unchecked``); ``findings``:
-    what the source holds that training will act on (task forecast: duplicate dates)."""
+    what the source holds that training will act on (task forecast: duplicate dates);
+    ``timings``: the wall seconds of its stages and ``other``, adding up to ``seconds``."""
 
     config: JobConfig
     source_columns: list[str] | None
     unchecked: str | None = None
     findings: tuple[str, ...] = ()
+    seconds: float = 0.0
+    timings: dict[str, float] = field(default_factory=dict)
 
     def describe(self) -> str:
         config = self.config
@@ -230,6 +232,10 @@ class Validation:
         lines.extend(self.findings)
         return "\n".join(lines)
 
+    def wall_time(self) -> str:
+        """The wall time per stage and in all (``console.wall_time``)."""
+        return console.wall_time(self.timings, self.seconds)
+
 
 def validate(config: JobConfig, spark: SparkSession | None = None, *, source: bool = True
              ) -> Validation:
@@ -238,23 +244,33 @@ def validate(config: JobConfig, spark: SparkSession | None = None, *, source: bo
     source can be read from here (also over Spark Connect, where ``train`` cannot run);
     and, for task forecast, the series with duplicate dates (``duplicate_dates``).
     Raises ConfigError or DataError for what is wrong; a source that cannot be found is
-    reported in the result, not raised."""
-    check_job(config)
-    if not source:
-        return Validation(config, None, "not asked to (--no-source)")
-    spark = spark or spark_session(config.spark)
-    try:
-        found = read_source(config.source, spark)
-    except SourceNotFound as exc:
-        return Validation(config, None, str(exc))
-    df = checked_source(config, found)[0]
-    findings = (duplicate_dates(df, config),) if config.task == "forecast" else ()
-    if hierarchical(config):
-        hierarchy.check_levels(df, config)
-        findings += (f"hierarchy: {len(hierarchy.Levels.of(config).levels)} levels, the "
-                     "segments' and every aggregate's series trained and reconciled with "
-                     f"{config.forecast.hierarchy.method}",)
-    return Validation(config, df.columns, findings=findings)
+    reported in the result, not raised. Its stages are ``train``'s first: checks, spark
+    (when it starts Spark), source."""
+    columns, unchecked, findings = None, "not asked to (--no-source)", ()
+    with console.clock() as clock:
+        with stage("checks", says="checks: config, estimators, registry name"):
+            check_job(config)
+        if source:
+            spark = console.spark_session(spark, config.spark)
+            with stage("source", says=f"source: {source_name(config)}: columns, types, "
+                       "target"):
+                try:
+                    found = read_source(config.source, spark)
+                except SourceNotFound as exc:
+                    unchecked = str(exc)
+                else:
+                    df = checked_source(config, found)[0]
+                    findings = ((duplicate_dates(df, config),) if config.task == "forecast"
+                                else ())
+                    if hierarchical(config):
+                        hierarchy.check_levels(df, config)
+                        findings += (f"hierarchy: {len(hierarchy.Levels.of(config).levels)} "
+                                     "levels, the segments' and every aggregate's series "
+                                     "trained and reconciled with "
+                                     f"{config.forecast.hierarchy.method}",)
+                    columns, unchecked = df.columns, None
+        seconds = clock.seconds()
+    return Validation(config, columns, unchecked, findings, seconds, clock.timings(seconds))
 
 
 def reconcile(result: TrainingResult, source_segments: int) -> dict[str, int]:
@@ -281,19 +297,26 @@ def reconcile(result: TrainingResult, source_segments: int) -> dict[str, int]:
 @dataclass(frozen=True)
 class TrainingReport:
     """What ``train`` did: the training ``result``, what MLflow logged and registered
-    (``publication``; None when not registering), the wall seconds of every stage and the
-    ``accounting`` of the result against the source's distinct segments."""
+    (``publication``; None when not registering), the wall seconds of every stage
+    (``timings``: with ``other``, the time between them, they add up to ``seconds``, the
+    job's wall time) and the ``accounting`` of the result against the source's distinct
+    segments."""
 
     result: TrainingResult
     publication: Publication | None
     timings: dict[str, float]
     accounting: dict[str, int]
     forecasts: ScoreSummary | None = None  # ``forecast.output``: what was written there
+    seconds: float = 0.0
 
     def summary(self) -> str:
         """The result's summary and the accounting."""
         return (f"{self.result.summary()}\naccounting: {self.accounting['source_segments']} "
                 "segments in the source = trained + skipped + failed")
+
+    def wall_time(self) -> str:
+        """The wall time per stage and in all (``console.wall_time``)."""
+        return console.wall_time(self.timings, self.seconds)
 
 
 def train(
@@ -304,21 +327,27 @@ def train(
     timings: dict[str, float] = {}
     config = with_run_id(config)
     log_file = Path(config.training.output_dir) / str(config.training.run_id) / LOG_FILE
-    with console.quiet(not config.training.progress), console.logging_to(log_file):
-        with stage("checks", timings, "checks: config, estimators, registry name, source"):
+    with (console.clock() as clock, console.quiet(not config.training.progress),
+          console.logging_to(log_file)):
+        with stage("checks", timings, "checks: config, estimators, registry name"):
             check_job(config, register=register)
-            spark = spark or spark_session(config.spark)
-            require_spark_context(spark, "training")  # before it reads or starts Ray
+        spark = console.spark_session(spark, config.spark, timings)
+        require_spark_context(spark, "training")  # before it reads or starts Ray
+        with stage("source", timings, f"source: {source_name(config)}: columns, types, "
+                   "target"):
             files = segment_files(config.source, spark) if is_template(config.source.path) \
                 else None
             source = files.frame if files else read_source(config.source, spark)
             df, num_rows = checked_source(config, source)
-            config = global_choice(config, spark)
-            given = kept_global(config) if register else None
             if hierarchical(config):  # every level's series, trained as segments
                 df = hierarchy.with_aggregates(df, config)
                 config = hierarchy.trained_config(config)
                 num_rows = df.count()
+        given = None
+        if config.source.segments is not None and config.fallback == "global":
+            with stage("champion", timings, "champion: its global model, kept or refitted"):
+                config = global_choice(config, spark)
+                given = kept_global(config) if register else None
         try:
             result, accounting = _train_source(config, spark, df, num_rows, files, timings,
                                                given, source)
@@ -333,7 +362,14 @@ def train(
         if output is not None and publication is not None:
             with stage("forecasts", timings, f"forecasts: every series into {output}"):
                 forecasts = write_forecasts(publication, config, output, spark)
-    return TrainingReport(result, publication, timings, accounting, forecasts)
+        seconds = clock.seconds()
+    return TrainingReport(result, publication, clock.timings(seconds), accounting, forecasts,
+                          seconds)
+
+
+def source_name(config: JobConfig) -> str:
+    """The job's source as a person names it: its table or path."""
+    return str(config.source.table or config.source.path)
 
 
 def write_forecasts(publication: Publication, config: JobConfig, output: str,
@@ -490,6 +526,8 @@ class MonitorReport:
     #: Each global model's status and reason in the latest period (its own table:
     #: ``sources.global_table(output)``).
     global_models: list[str] = field(default_factory=list)
+    #: The wall seconds of its stages and ``other``, adding up to ``seconds``.
+    timings: dict[str, float] = field(default_factory=dict)
 
     def summary(self) -> str:
         from raybricks.monitoring import STATUSES
@@ -505,6 +543,10 @@ class MonitorReport:
             lines.append(f"MLflow run: {self.run_id}")
         lines += [f"incomplete: {line}" for line in self.problems]
         return "\n".join(lines)
+
+    def wall_time(self) -> str:
+        """The wall time per stage and in all (``console.wall_time``)."""
+        return console.wall_time(self.timings, self.seconds)
 
 
 def global_models_health(measured: monitoring.Measured, output: str, spark: SparkSession,
@@ -541,40 +583,48 @@ def monitor(model_uri: str, outcomes: str | DataFrame, output: str, *,
     run's tag instead of ending the job; a run that cannot be logged at all raises
     ``MonitoringRunError``, naming the table and the command that retrains from it."""
     from raybricks.scoring import write_output
+    from raybricks.sources import source_of
     from raybricks.tracking.monitoring import MonitoringLog, log_monitoring
 
-    start = time.perf_counter()
-    spark = spark or spark_session()
-    measured = monitoring.measure(model_uri, outcomes, spark, period=period,
-                                  time_column=time_column, target=target,
-                                  thresholds=thresholds, partitions=partitions)
-    with stage("monitoring", says=f"monitoring: every segment into {output}"):
-        write_output(measured.table, output)
-    with stage("summary", says="summary: counts by status, the worst segments"):
-        summary = monitoring.summarize(measured, output, spark)  # says what it lacks
-    with stage("global models", says="global models: how each does on what it serves"):
-        globals_ = global_models_health(measured, output, spark, summary.problems)
-    run_id = None
-    if log_run:
-        params = {"model": model_uri, "model_version": measured.version,
-                  "outcomes": outcomes if isinstance(outcomes, str) else "DataFrame",
-                  "output": output, "period": period, "latest_period": measured.latest,
-                  "metric": measured.metric,
-                  **vars(thresholds or monitoring.Thresholds())}
-        with stage("tracking", says="tracking: the monitoring run in MLflow"):
-            run_id = log_monitoring(model_uri, MonitoringLog(
-                params, summary.counts, measured.metric, summary.sample, summary.worst,
-                summary.steps, {"segments": float(summary.total), **summary.distribution},
-                summary.problems, globals_))
+    with console.clock() as clock:
+        spark = console.spark_session(spark)
+        found = outcomes
+        if isinstance(outcomes, str):
+            with stage("source", says=f"source: the outcomes {outcomes}"):
+                found = read_source(source_of(outcomes), spark)
+        with stage("preparation", says="preparation: the model, the outcomes by segment"):
+            measured = monitoring.measure(model_uri, found, spark, period=period,
+                                          time_column=time_column, target=target,
+                                          thresholds=thresholds, partitions=partitions)
+        with stage("monitoring", says=f"monitoring: every segment into {output}"):
+            write_output(measured.table, output)
+        with stage("summary", says="summary: counts by status, the worst segments"):
+            summary = monitoring.summarize(measured, output, spark)  # says what it lacks
+        with stage("global models", says="global models: how each does on what it serves"):
+            globals_ = global_models_health(measured, output, spark, summary.problems)
+        run_id = None
+        if log_run:
+            params = {"model": model_uri, "model_version": measured.version,
+                      "outcomes": outcomes if isinstance(outcomes, str) else "DataFrame",
+                      "output": output, "period": period, "latest_period": measured.latest,
+                      "metric": measured.metric,
+                      **vars(thresholds or monitoring.Thresholds())}
+            with stage("tracking", says="tracking: the monitoring run in MLflow"):
+                run_id = log_monitoring(model_uri, MonitoringLog(
+                    params, summary.counts, measured.metric, summary.sample, summary.worst,
+                    summary.steps,
+                    {"segments": float(summary.total), **summary.distribution},
+                    summary.problems, globals_))
+        seconds = clock.seconds()
     worst = summary.worst.head(5).itertuples() if summary.worst is not None else []
     described = [f"{row.segment}: {row.reason}" for row in worst]
     latest = globals_ if globals_ is None or measured.latest is None else globals_[
         globals_.period == measured.latest]
     report = MonitorReport(model_uri, measured.version, output, measured.latest,
-                           summary.counts, run_id, time.perf_counter() - start, described,
-                           summary.problems,
+                           summary.counts, run_id, seconds, described, summary.problems,
                            [] if latest is None else [f"global model {row.global_model}: "
                                                       f"{row.status}: {row.reason}"
-                                                      for row in latest.itertuples()])
+                                                      for row in latest.itertuples()],
+                           clock.timings(seconds))
     log.info("%s", report.summary())
     return report

@@ -26,7 +26,7 @@ import tempfile
 import time
 import warnings
 import zipfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -102,6 +102,12 @@ class ScoreSummary:
     null_predictions: int
     seconds: float
     unserved: list[Unserved] = field(default_factory=list)
+    #: The wall seconds of its stages and ``other``, adding up to ``seconds``.
+    timings: dict[str, float] = field(default_factory=dict)
+
+    def wall_time(self) -> str:
+        """The wall time per stage and in all (``console.wall_time``)."""
+        return console.wall_time(self.timings, self.seconds)
 
     def __str__(self) -> str:
         counts = ", ".join(f"{n} {s}" for s, n in sorted(self.status_counts.items()))
@@ -319,18 +325,34 @@ def score(
     (``intervals``: a forecasting model's interval bounds beside the prediction).
 
     With ``output`` (table name or path) the predictions are written there and a
-    ScoreSummary returned; without, the scored Spark DataFrame is returned (lazy).
+    ScoreSummary returned (its ``timings``: spark, when it starts Spark, model, source,
+    scoring, summary and ``other``, adding up to its ``seconds``); without, the scored
+    Spark DataFrame is returned (lazy).
     """
-    from raybricks.cluster import spark_session
+    with console.clock() as clock:
+        spark = console.spark_session(spark)
+        with console.stage("model", says=f"model: {model_uri} from the registry"):
+            local, manifest = fetch_model(model_uri)
+        df, rows = input, None
+        if isinstance(input, str):
+            with console.stage("source", says=f"source: {input}"
+                               + (", its rows counted" if output else "")):
+                df = read_source(source_of(input), spark)
+                rows = df.count() if output else None  # the progress bar's total
+        return clocked(_score(model_uri, local, manifest, df, output, spark, probabilities,
+                              cache_segments, partitions, clock.start, intervals, rows),
+                       clock)
 
-    start = time.perf_counter()
-    spark = spark or spark_session()
-    with console.stage("model", says=f"model: {model_uri} from the registry"):
-        local, manifest = fetch_model(model_uri)
-    df = input if not isinstance(input, str) else read_source(source_of(input), spark)
-    rows = df.count() if isinstance(input, str) and output else None  # a table: cheap
-    return _score(model_uri, local, manifest, df, output, spark, probabilities,
-                  cache_segments, partitions, start, intervals, rows)
+
+def clocked(found: ScoreSummary | DataFrame, clock: console.Clock) -> ScoreSummary | DataFrame:
+    """A summary with the wall time from the verb's start and its stages (``clock``);
+    a DataFrame as it is."""
+    if not isinstance(found, ScoreSummary):
+        return found
+    seconds = clock.seconds()
+    found = replace(found, seconds=seconds, timings=clock.timings(seconds))
+    log.info("%s\n%s", found, found.wall_time())
+    return found
 
 
 def fetch_model(model_uri: str) -> tuple[Path, dict]:
@@ -370,25 +392,45 @@ def _score(model_uri: str, local: Path, manifest: dict, df: DataFrame, output: s
     problem = missing_columns(df.columns, segment_by, manifest["features"])
     if problem:
         raise DataError(problem)
-    version = model_version_of(model_uri)
     connect = is_spark_connect(spark)  # no SparkContext: no RDDs, no status tracker
-    archive = ship_segments(spark, local / "artifacts" / "segments")
     added = output_fields(manifest, probabilities, intervals)
-    schema = ", ".join([f"`{f.name}` {f.dataType.simpleString()}" for f in df.schema.fields]
-                       + [f"`{name}` {kind}" for name, kind in added])
-    if partitions is None and not connect:  # Connect: Spark's shuffle partitions
-        partitions = max(df.rdd.getNumPartitions(), spark.sparkContext.defaultParallelism)
-    scored = lay_out_by_segment(df, segment_by, partitions).mapInPandas(
-        score_partitions(archive, version, probabilities, cache_segments,
-                         quiet_versions=versions is not None, intervals=intervals), schema)
+
+    def scored(partitions: int | None) -> tuple[DataFrame, str | None]:
+        """The scored frame (lazy), once the model's segments are shipped; its version."""
+        version = model_version_of(model_uri)
+        archive = ship_segments(spark, local / "artifacts" / "segments")
+        schema = ", ".join([f"`{f.name}` {f.dataType.simpleString()}"
+                            for f in df.schema.fields]
+                           + [f"`{name}` {kind}" for name, kind in added])
+        if partitions is None and not connect:  # Connect: Spark's shuffle partitions
+            partitions = max(df.rdd.getNumPartitions(), spark.sparkContext.defaultParallelism)
+        return lay_out_by_segment(df, segment_by, partitions).mapInPandas(
+            score_partitions(archive, version, probabilities, cache_segments,
+                             quiet_versions=versions is not None, intervals=intervals),
+            schema), version
+
     if output is None:
-        return scored
+        return scored(partitions)[0]
     progress = (contextlib.nullcontext() if connect
                 else console.spark_progress(spark, rows, "scoring"))
     with console.stage("scoring", says=f"scoring: predictions into {output}"), progress:
-        write_output(scored, output)
+        frame, version = scored(partitions)
+        write_output(frame, output)
+    with console.stage("summary", says="summary: rows by status, the segments not served"):
+        counts, nulls, unserved = written_summary(spark, output, local, manifest, added,
+                                                  missing, every_segment)
+    return ScoreSummary(model_uri, version, output, sum(counts.values()), counts, nulls,
+                        time.perf_counter() - start, unserved)
+
+
+def written_summary(spark: SparkSession, output: str, local: Path, manifest: dict,
+                    added: list[tuple[str, str]], missing: DataFrame | None,
+                    every_segment: bool) -> tuple[dict[str, int], int, list[Unserved]]:
+    """What scoring wrote at ``output``: its rows by segment status, those without a
+    prediction, and the requested segments not served (``_score``)."""
     from pyspark.sql import functions as F
 
+    segment_by = manifest["segment_by"]
     written = read_source(source_of(output), spark)
     first, kind = added[0]  # the prediction, or the first class' probability
     column = F.col(f"`{first}`")
@@ -405,11 +447,7 @@ def _score(model_uri: str, local: Path, manifest: dict, df: DataFrame, output: s
     unserved_rows = per_segment.where(F.col("nulls") > 0).select(*segment_by, "segment_status")
     if missing is not None:
         unserved_rows = unserved_rows.unionByName(missing.select(*segment_by, "segment_status"))
-    unserved = unserved_segments(unserved_rows, without, manifest)
-    summary = ScoreSummary(model_uri, version, output, sum(counts.values()), counts, nulls,
-                           time.perf_counter() - start, unserved)
-    log.info("%s", summary)
-    return summary
+    return counts, nulls, unserved_segments(unserved_rows, without, manifest)
 
 
 def forecast(
@@ -421,43 +459,57 @@ def forecast(
     serves (or of those in ``segments``: a table, path or DataFrame with the segment
     columns), after each series' own last date: one row per segment and period with the
     time column and ``prediction`` (``intervals``: and the bounds ``lo_<level>``,
-    ``hi_<level>``), written to ``output`` as ``score`` writes."""
+    ``hi_<level>``), written to ``output`` as ``score`` writes (the stages: spark, when
+    it starts Spark, model, source, scoring, summary)."""
+    with console.clock() as clock:
+        spark = console.spark_session(spark)
+        with console.stage("model", says=f"model: {model_uri} from the registry"):
+            local, manifest = fetch_model(model_uri)
+        spec = manifest.get("forecast")
+        if not spec:
+            raise RaybricksError(f"{model_uri} is a {manifest['task']} model, not a "
+                                 "forecasting one: use raybricks score")
+        if spec["exogenous"]:
+            raise RaybricksError(
+                f"{model_uri} forecasts with exogenous columns {spec['exogenous']}: it needs "
+                "their future values; score a table of the future rows (segment columns, "
+                f"{spec['time_column']!r} and {spec['exogenous']}) with raybricks score")
+        horizon = horizon or spec["horizon"]
+        if not 0 < horizon <= spec["answers"]:
+            raise RaybricksError(f"horizon {horizon} is outside 1..{spec['answers']}, the "
+                                 f"periods this model answers (trained horizon "
+                                 f"{spec['horizon']})")
+        which = f" of the segments in {segments}" if isinstance(segments, str) else ""
+        with console.stage("source", says=f"source: the next {horizon} periods of every "
+                           f"series{which}"):
+            rows, missing, served = forecast_rows(spark, local / "artifacts" / "segments",
+                                                  manifest, horizon, segments)
+        return clocked(_score(model_uri, local, manifest, rows, output, spark, False,
+                              cache_segments, partitions, clock.start, intervals, served,
+                              missing, every_segment=segments is None), clock)
+
+
+def forecast_rows(spark: SparkSession, directory: Path, manifest: dict, horizon: int,
+                  segments: str | DataFrame | None
+                  ) -> tuple[DataFrame, DataFrame | None, int | None]:
+    """``forecast``'s rows to score: the next ``horizon`` periods of every series the
+    model serves (``future_rows``), or of those in ``segments``; the requested segments
+    without a series (None: every segment of the model was requested, ``_score`` finds
+    those without one) and the number of rows, when known."""
     from pyspark.sql import functions as F
 
-    from raybricks.cluster import spark_session
-
-    start = time.perf_counter()
-    spark = spark or spark_session()
-    with console.stage("model", says=f"model: {model_uri} from the registry"):
-        local, manifest = fetch_model(model_uri)
-    spec = manifest.get("forecast")
-    if not spec:
-        raise RaybricksError(f"{model_uri} is a {manifest['task']} model, not a forecasting "
-                             "one: use raybricks score")
-    if spec["exogenous"]:
-        raise RaybricksError(
-            f"{model_uri} forecasts with exogenous columns {spec['exogenous']}: it needs "
-            "their future values; score a table of the future rows (segment columns, "
-            f"{spec['time_column']!r} and {spec['exogenous']}) with raybricks score")
-    horizon = horizon or spec["horizon"]
-    if not 0 < horizon <= spec["answers"]:
-        raise RaybricksError(f"horizon {horizon} is outside 1..{spec['answers']}, the periods "
-                             f"this model answers (trained horizon {spec['horizon']})")
-    directory = local / "artifacts" / "segments"
     segment_by = manifest["segment_by"]
     rows, served = future_rows(spark, directory, manifest, horizon)
-    missing = None  # every segment of the model: those without one (``_score``)
-    if segments is not None:
-        wanted = segments if not isinstance(segments, str) else read_source(
-            source_of(segments), spark)
-        keys = wanted.select(*segment_by).distinct()
-        rows = rows.join(keys, on=segment_by, how="inner")
-        missing = keys.join(rows.select(*segment_by).distinct(), on=segment_by,
-                            how="left_anti").withColumn("segment_status",
-                                                        F.lit(None).cast("string"))
-    return _score(model_uri, local, manifest, rows, output, spark, False, cache_segments,
-                  partitions, start, intervals, served * horizon if segments is None else None,
-                  missing, every_segment=segments is None)
+    if segments is None:
+        return rows, None, served * horizon
+    wanted = segments if not isinstance(segments, str) else read_source(
+        source_of(segments), spark)
+    keys = wanted.select(*segment_by).distinct()
+    rows = rows.join(keys, on=segment_by, how="inner")
+    missing = keys.join(rows.select(*segment_by).distinct(), on=segment_by,
+                        how="left_anti").withColumn("segment_status",
+                                                    F.lit(None).cast("string"))
+    return rows, missing, None
 
 
 def future_rows(spark: SparkSession, directory: Path, manifest: dict, horizon: int
