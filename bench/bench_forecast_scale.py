@@ -198,9 +198,10 @@ ENDS = re.compile(r"^(\s*)  (.*): ([\d.]+) s$")
 PROGRESS = re.compile(r"\d+%\|")
 MLFLOW_RUN = re.compile(r"MLflow run ([0-9a-f]{32})")
 #: the CLI's stage labels (their start), by the short names of the tables
-STAGE_NAMES = {"checks": "checks", "Ray": "ray_start", "data": "data",
-               "training": "training", "accounting": "accounting", "registry": "registry",
-               "model": "model", "scoring": "forecast", "forecasts": "forecasts"}
+STAGE_NAMES = {"Spark": "spark", "checks": "checks", "source": "source", "Ray": "ray_start",
+               "data": "data", "training": "training", "accounting": "accounting",
+               "registry": "registry", "model": "model", "scoring": "forecast",
+               "summary": "summary", "forecasts": "forecasts"}
 
 
 @dataclass
