@@ -79,6 +79,8 @@ def _spark_for(source: SourceConfig, spark: SparkSession | None) -> SparkSession
 def _read_files(source: SourceConfig, spark: SparkSession | None) -> DataFrame:
     from pyspark.errors import AnalysisException
 
+    from raybricks import parquet
+
     if is_template(source.path):
         return segment_files(source, spark).frame
     spark = _spark_for(source, spark)
@@ -86,18 +88,12 @@ def _read_files(source: SourceConfig, spark: SparkSession | None) -> DataFrame:
     if source.format == "csv":
         reader = reader.option("header", "true").option("inferSchema", "true")
     try:
+        if source.format == "parquet":  # pandas' nanosecond timestamps too
+            return parquet.read(spark, reader, source.path)
         return reader.load(source.path)
-    except Exception as exc:
-        where = f"cannot read {source.format} at source.path={source.path!r}"
-        if "TIMESTAMP(NANOS" in str(exc):  # Spark 4: AnalysisException; 3.5: a failed job
-            raise DataError(
-                f"{where}: it holds nanosecond timestamps (pandas' to_parquet writes them "
-                "by default), which Spark cannot read. Write microseconds instead, e.g. "
-                "df.to_parquet(path, coerce_timestamps='us', allow_truncated_timestamps=True)"
-            ) from exc
-        if isinstance(exc, AnalysisException):
-            raise SourceNotFound(f"{where}: {str(exc).splitlines()[0]}") from exc
-        raise
+    except AnalysisException as exc:
+        raise SourceNotFound(f"cannot read {source.format} at source.path={source.path!r}: "
+                             f"{str(exc).splitlines()[0]}") from exc
 
 
 def _active_spark() -> SparkSession | None:
