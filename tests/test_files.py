@@ -239,3 +239,17 @@ def test_a_folder_of_files_trains_registers_and_scores_by_key(ray_on_spark, spar
     assert summary.status_counts == {"trained": len(frame)}
     scored = pd.read_parquet(tmp_path / "scored.parquet")
     assert sorted(scored.zip.unique()) == sorted(frame.zip.unique())
+
+
+def test_parquet_files_as_pandas_writes_them_read_with_their_times(spark, tmp_path):
+    times = pd.date_range("2024-03-01 10:00:00.123456", periods=4, freq="D")
+    for code in ("a", "b"):
+        (tmp_path / code).mkdir()
+        pd.DataFrame({"when": times, "y": [1, 2, 3, 4]}).to_parquet(
+            tmp_path / code / "part.parquet")  # pandas' default: nanoseconds
+    assert "timestamp[ns]" in str(pq.read_schema(tmp_path / "a/part.parquet").field("when"))
+    files = SegmentFiles(spark, f"{tmp_path}/{{zip}}/part.parquet", "parquet")
+    read = files.frame.toPandas().sort_values(["zip", "when"])
+    assert list(read.y) == [1, 2, 3, 4] * 2  # integers stay integers
+    assert [pd.Timestamp(t) for t in read.when] == list(times) * 2
+    files.release()

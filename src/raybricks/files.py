@@ -30,7 +30,7 @@ from urllib.parse import unquote
 
 import pyarrow as pa
 
-from raybricks import console, csv_files
+from raybricks import console, csv_files, parquet
 from raybricks.errors import DataError, SourceNotFound
 
 if TYPE_CHECKING:
@@ -196,7 +196,8 @@ class SegmentFiles:
                 if self.format == "csv":  # each file's bytes, as one row
                     raw = self._reader().format("binaryFile").load(self.folder)
                 else:
-                    raw = self._reader().option("mergeSchema", "true").parquet(self.folder)
+                    raw = parquet.read(self.spark, self._reader().option("mergeSchema", "true"),
+                                       self.folder)
             except AnalysisException as exc:
                 first = str(exc).strip().splitlines()[0]
                 raise SourceNotFound(
