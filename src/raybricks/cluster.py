@@ -774,8 +774,8 @@ def ray_cluster(
     config: ClusterConfig | None = None, spark: SparkSession | None = None,
     timings: dict[str, float] | None = None, gpus: dict[str, float] | None = None,
 ) -> Iterator[RayCluster]:
-    """Start (or connect to) Ray for the block and always shut it down afterwards (a
-    stage, ``cluster`` in ``timings``; ``gpus``: as ``start_ray``).
+    """Start (or connect to) Ray for the block and always shut it down afterwards (two
+    stages, ``cluster`` and ``shutdown`` in ``timings``; ``gpus``: as ``start_ray``).
 
     >>> with ray_cluster(ClusterConfig(mode="local", num_cpus=2)) as cluster:
     ...     cluster.num_cpus
@@ -794,8 +794,9 @@ def ray_cluster(
                 cluster = start_ray(config, spark, gpus)
             yield cluster
         finally:
-            stop_ray(cluster)
-            stop_ray_on_spark(started)
+            with stage("shutdown", timings, "Ray: shut down"):
+                stop_ray(cluster)
+                stop_ray_on_spark(started)
 
 
 def spark_session(config: SparkConfig | None = None) -> SparkSession:
