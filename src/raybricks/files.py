@@ -251,7 +251,7 @@ class SegmentFiles:
             schema = _spark_schema(csv_files.parsed_schema(types, FILE))
             rows = contents.mapInArrow(csv_files.parse(types, FILE), schema).select(
                 FILE, *[_column(n) if parsed[n] is not None
-                        else F.expr(f"try_cast({_quote(n)} as {t})").alias(n)
+                        else F.expr(f"try_cast({parquet.quoted(n)} as {t})").alias(n)
                         for n, t in types.items()]).persist()
             rows.count()  # read here, into the cache
         finally:
@@ -376,15 +376,10 @@ def _decoded(reason: str) -> str:
     return unquote(reason) if "%" in reason else reason
 
 
-def _quote(name: str) -> str:
-    """A column name quoted for Spark SQL (any characters)."""
-    return "`" + name.replace("`", "``") + "`"
-
-
 def _column(name: str) -> Column:
     from pyspark.sql import functions as F
 
-    return F.col(_quote(name))
+    return F.col(parquet.quoted(name))
 
 
 def _spark_schema(schema: pa.Schema):
