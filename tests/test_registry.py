@@ -675,15 +675,11 @@ def test_a_merge_into_a_format_1_champion_keeps_its_answers(spark, shops_ds,
     tests/fixtures/registered) merged with a run of two stores that fitted its own global
     model: the champion's other stores, blended with its global model, and its skipped
     stores answer as before; the retrained ones and unseen keys with the run's."""
-    from tests.test_registered_formats import FIXTURES
+    from tests.test_registered_formats import FIXTURES, fixture_manifest
 
     here = tmp_path_factory.mktemp("format1")
     champion = FIXTURES / "tabular" / "model"
-    manifest = json.loads((champion / "manifest.json").read_text())
-    changed = {lib: built for lib, built in manifest["libraries"].items()
-               if version(lib) != built}
-    if changed:
-        pytest.skip(f"model libraries differ from the fixture's: {changed}")
+    manifest = fixture_manifest("tabular")
     frame = pd.read_parquet(FIXTURES / "tabular" / "input.parquet")
     before = SegmentStore(champion).predict(frame).values.to_numpy()
     data = helpers.shops()

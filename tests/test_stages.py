@@ -20,7 +20,7 @@ import pytest
 from raybricks import cli, console, pipeline, scoring
 from raybricks.config import JobConfig
 from tests import helpers
-from tests.test_registered_formats import FIXTURES
+from tests.test_registered_formats import FIXTURES, fixture_manifest
 
 NAME = "tests.stages.model"
 MODEL = f"models:/{NAME}@champion"
@@ -45,8 +45,8 @@ def registered(tmp_path_factory):
 
     here = tmp_path_factory.mktemp("stages")
     fixture = FIXTURES / "merged"
+    manifest = fixture_manifest("merged")
     shutil.copytree(fixture / "model", here / "segments")
-    manifest = json.loads((here / "segments" / "manifest.json").read_text())
     example = pd.read_parquet(fixture / "input.parquet")
     configure_tracking()
     mlflow.set_experiment("tests.stages")

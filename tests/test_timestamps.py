@@ -9,7 +9,6 @@ import json
 import os
 import subprocess
 import sys
-from importlib.metadata import version
 from pathlib import Path
 
 import numpy as np
@@ -242,14 +241,10 @@ def registered(tmp_path_factory):
     from raybricks.packaging import Packaged
     from raybricks.tracking.model import log_segmented_model
     from raybricks.tracking.target import configure_tracking
-    from tests.test_registered_formats import FIXTURES
+    from tests.test_registered_formats import FIXTURES, fixture_manifest
 
     here = FIXTURES / "merged"
-    manifest = json.loads((here / "model" / "manifest.json").read_text())
-    changed = {lib: built for lib, built in manifest["libraries"].items()
-               if version(lib) != built}
-    if changed:
-        pytest.skip(f"model libraries differ from the fixture's: {changed}")
+    manifest = fixture_manifest("merged")
     configure_tracking()
     example = pd.read_parquet(here / "input.parquet")
     index = pd.read_parquet(here / "model" / "index.parquet")
