@@ -8,8 +8,10 @@ is not. Spark reads every file the template's glob matches, with its file metada
 are one Spark job, never a loop over files on the driver.
 
 CSV files are matched by the column names of their own header, so files may order their
-columns differently (or lack some: those are null); the column types are then inferred as
-Spark's CSV reader does (integer, long, double, boolean, date, timestamp, else string).
+columns differently (or lack some: those are null); each file is checked and parsed in
+Spark's Python workers (``raybricks.csv_files``: a bad file is skipped with its reason) and
+the column types are settled over all files (long, double, boolean, date, timestamp, else
+string).
 Parquet files are merged by name (``mergeSchema``). A file that gives no rows (empty, only a
 header, unreadable) never fails the job and is never lost: ``unread`` finds it against
 Spark's own listing of the files, with the reason, and a key none of whose files gave a row
@@ -28,8 +30,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 from urllib.parse import unquote
 
-import pyarrow as pa
-
 from raybricks import console, csv_files, parquet
 from raybricks.errors import DataError, SourceNotFound
 
@@ -42,8 +42,8 @@ log = logging.getLogger(__name__)
 PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 #: the file path column while reading (dropped from what training sees)
 FILE = "__raybricks_file"
-#: files that give no rows, whose size and header are looked up one by one (past this,
-#: the reason is the general one)
+#: files Spark lists but could not read, whose size (and checksum file) are looked up one
+#: by one to word the reason (past this, the reason is the general one)
 LOOKUPS = 1000
 
 
@@ -223,11 +223,12 @@ class SegmentFiles:
         (``raybricks.csv_files``): a pass finds each header's names and its columns' types
         and the files to skip, a second parses every good file in the one schema."""
         from pyspark.sql import functions as F
+        from pyspark.sql.pandas.types import from_arrow_schema
 
         contents = contents.persist()
         try:
             summary = contents.mapInArrow(csv_files.summarize,
-                                          _spark_schema(csv_files.SUMMARY)).collect()
+                                          from_arrow_schema(csv_files.SUMMARY)).collect()
             self._skipped = {_normalized(row["path"]): row["reason"] for row in summary
                              if row["header"] is None}
             found = [row for row in summary if row["header"] is not None]
@@ -248,7 +249,7 @@ class SegmentFiles:
             types = csv_files.settle(layouts)
             self._say_text(types, layouts)
             parsed = {n: csv_files.PARSED.get(t) for n, t in types.items()}
-            schema = _spark_schema(csv_files.parsed_schema(types, FILE))
+            schema = from_arrow_schema(csv_files.parsed_schema(types, FILE))
             rows = contents.mapInArrow(csv_files.parse(types, FILE), schema).select(
                 FILE, *[_column(n) if parsed[n] is not None
                         else F.expr(f"try_cast({parquet.quoted(n)} as {t})").alias(n)
@@ -380,15 +381,6 @@ def _column(name: str) -> Column:
     from pyspark.sql import functions as F
 
     return F.col(parquet.quoted(name))
-
-
-def _spark_schema(schema: pa.Schema):
-    """The Spark schema of an Arrow schema (the columns ``csv_files`` writes)."""
-    from pyspark.sql import types as T
-
-    kinds = {pa.string(): T.StringType(), pa.int64(): T.LongType(),
-             pa.float64(): T.DoubleType(), pa.bool_(): T.BooleanType()}
-    return T.StructType([T.StructField(f.name, kinds[f.type]) for f in schema])
 
 
 #: Spark's settings while it lists and reads the files: a listing job of a few tasks per
