@@ -54,6 +54,10 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
                              "global: keep the champion's global model (the default; the "
                              "retrained segments blend with it) or refit it on the whole "
                              "source: --set global_model=...")
+    parser.add_argument("--executor", choices=["auto", "ray", "spark"], default=None,
+                        help="where the segments train: Ray on the Spark cluster, Spark's "
+                             "own tasks (Spark Connect, serverless) or auto (the default): "
+                             "--set training.executor=...")
 
 
 def overrides(args: argparse.Namespace) -> list[str]:
@@ -64,7 +68,9 @@ def overrides(args: argparse.Namespace) -> list[str]:
 
         raise ConfigError("give --segments or --segments-from-monitor, not both")
     found = [*args.set, *([f"source.segments={args.segments}"] if args.segments else []),
-             *([f"global_model={args.global_model}"] if args.global_model else [])]
+             *([f"global_model={args.global_model}"] if args.global_model else []),
+             *([f"training.executor={args.executor}"] if getattr(args, "executor", None)
+               else [])]
     if args.segments_from_monitor:
         statuses = json.dumps([s.strip() for s in args.statuses.split(",") if s.strip()])
         found += [f"source.segments={args.segments_from_monitor}",

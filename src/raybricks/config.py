@@ -518,6 +518,10 @@ class TrainingConfig(StrictModel):
     large_segment_checkpoint_rounds: int = Field(default=25, ge=0)
     max_retries: int = Field(default=3, ge=0)
     segment_timeout_s: float | None = Field(default=None, gt=0)
+    #: Where the packed tasks run: ``ray`` (Ray on the Spark cluster), ``spark`` (Spark's
+    #: own tasks: Spark Connect, serverless, small jobs) or ``auto`` (see
+    #: ``raybricks.training.executors.choose``).
+    executor: Literal["auto", "ray", "spark"] = "auto"
     output_dir: str = ".raybricks/runs"
     run_id: str | None = None
     resume: bool = False
