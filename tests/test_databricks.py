@@ -35,7 +35,12 @@ from raybricks.databricks import (
     workspace_client,
 )
 from raybricks.errors import ConfigError, SetupError, WorkspaceError
-from raybricks.submit import PACKAGE_NAME, RAY_SPARK_CONF
+from raybricks.submit import (
+    DEFAULT_ENVIRONMENT_VERSION,
+    ENTRY_POINT,
+    PACKAGE_NAME,
+    RAY_SPARK_CONF,
+)
 
 REPO = Path(__file__).parents[1]
 TOKEN = "dapi-test-token"
@@ -510,3 +515,135 @@ def test_submit_with_rejected_credentials_exits_2_naming_the_variables(
     err = capsys.readouterr().err
     assert "401" in err and "DATABRICKS_HOST" in err and "DATABRICKS_CONFIG_PROFILE" in err
     assert workspace.calls("POST", "/api/2.2/jobs/runs/submit") == []
+
+
+# --------------------------------------------------------------------------- submit: serverless
+
+
+def submitted_run(workspace) -> dict:
+    (request,) = workspace.calls("POST", "/api/2.2/jobs/runs/submit")
+    assert request.headers["Authorization"] == f"Bearer {TOKEN}"
+    return request.json()
+
+
+def trained_config(params: list[str], local_config: Path):
+    """What ``raybricks train`` makes of the task's parameters: the CLI's own parser and
+    overrides, with the uploaded config read from its local original."""
+    from raybricks.config import JobConfig
+
+    args = cli.build_parser().parse_args(params)
+    assert args.verb == "train"
+    return args, JobConfig.load(local_config, cli.overrides(args))
+
+
+def requirement(text: str) -> tuple:
+    from packaging.requirements import Requirement
+
+    parsed = Requirement(text)
+    return parsed.name, parsed.specifier, frozenset(parsed.extras)
+
+
+def test_submit_on_serverless_sends_an_environment_and_no_cluster(workspace, wheel, capsys):
+    """--serverless: one environment (the uploaded wheel) and one wheel task using it,
+    nothing of a cluster; the task trains on the Spark executor with its run directory
+    in the staging volume, as the CLI parses the parameters sent."""
+    workspace_for_submit(workspace, run_state("PENDING"), run_state("TERMINATED", "SUCCESS"))
+    workspace.on("GET", "/api/2.1/unity-catalog/volumes/main.ml.rb",
+                 (200, {"full_name": "main.ml.rb"}))
+    local = REPO / "jobs" / "sales_regression.yml"
+    code = cli.main(submit("--serverless", "--staging-volume", "main.ml.rb",
+                           "--wheel", str(wheel), "--set", "min_rows=50"))
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "SUCCESS" in out and "staging in volume /Volumes/main/ml/rb" in out
+    body = submitted_run(workspace)
+    assert not {"job_clusters", "new_cluster", "existing_cluster_id"} & set(body)
+    (task,) = body["tasks"]
+    assert not {"new_cluster", "existing_cluster_id", "job_cluster_key", "libraries"} & set(task)
+    (environment,) = body["environments"]
+    assert task["environment_key"] == environment["environment_key"]
+    params = task["python_wheel_task"]["parameters"]
+    uploaded = params[2].rsplit("/", 1)[0] + "/" + wheel.name
+    assert environment["spec"] == {"environment_version": DEFAULT_ENVIRONMENT_VERSION,
+                                   "dependencies": [uploaded]}  # the regression job: no extra
+    assert task["python_wheel_task"]["package_name"] == PACKAGE_NAME
+    assert task["python_wheel_task"]["entry_point"] == ENTRY_POINT
+    assert params[:2] == ["train", "--config"] and params[3:5] == ["--executor", "spark"]
+    args, config = trained_config(params, local)
+    assert args.executor == "spark" and config.training.executor == "spark"
+    assert config.training.output_dir == "/Volumes/main/ml/rb/runs"
+    assert config.data.staging_dir == "/Volumes/main/ml/rb/staging"
+    assert config.min_rows == 50
+    assert body["timeout_seconds"] == 4 * 3600 and body["idempotency_token"]
+    assert body["run_name"] == "raybricks train sales_regression"
+    assert workspace.calls("POST", "/api/2.1/unity-catalog/volumes") == []  # it existed
+
+
+def test_serverless_environment_installs_the_extras_the_config_needs(workspace, wheel, capsys):
+    """A hierarchical forecast config needs the forecast and hierarchy extras, which no
+    serverless environment has: their requirements (the wheel's own metadata) follow
+    the wheel, then --dependency; --environment-version is passed on."""
+    import tomllib
+
+    workspace_for_submit(workspace, run_state("TERMINATED", "SUCCESS"))
+    config = REPO / "jobs" / "prison_hierarchy.yml"
+    code = cli.main(["submit", "--config", str(config), "--poll-interval", "0.01",
+                     "--serverless", "--environment-version", "3", "--wheel", str(wheel),
+                     "--dependency", "my-features==1.2",
+                     "--set", "training.output_dir=/Volumes/main/ml/rb/runs"])
+    assert code == 0, capsys.readouterr()
+    body = submitted_run(workspace)
+    (environment,) = body["environments"]
+    assert environment["spec"]["environment_version"] == "3"
+    wheel_path, *dependencies = environment["spec"]["dependencies"]
+    assert wheel_path.startswith(f"/Workspace/Users/{USER}/") and wheel_path.endswith(wheel.name)
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"]
+    wanted = {requirement(r) for r in extras["forecast"] + extras["hierarchy"]}
+    assert {requirement(r) for r in dependencies[:-1]} == wanted
+    assert len(dependencies[:-1]) == len(wanted) and dependencies[-1] == "my-features==1.2"
+    (task,) = body["tasks"]
+    _, trained = trained_config(task["python_wheel_task"]["parameters"], config)
+    assert trained.training.executor == "spark"
+    assert trained.training.output_dir == "/Volumes/main/ml/rb/runs"
+
+
+@pytest.mark.parametrize(("extra", "wanted"), [
+    (["--set", "training.output_dir=/Volumes/c/s/v/runs"], None),
+    ([], "is not in a Unity Catalog volume"),  # the default run directory: the driver's disk
+    (["--staging-volume", "c.s.v", "--set", "training.executor=ray"],
+     "Ray on Spark cannot start on serverless"),
+    (["--staging-volume", "c.s.v", "--node-type", "i3.xlarge"], "serverless compute has none"),
+    (["--staging-volume", "c.s.v", "--environment-version", "1"], "Python is 3.11 or later"),
+    (["--staging-volume", "c.s"], "three-level name"),
+])
+def test_serverless_submit_checks_before_calling_the_workspace(
+        workspace, wheel, capsys, extra, wanted):
+    workspace_for_submit(workspace, run_state("TERMINATED", "SUCCESS"))
+    code = cli.main(submit("--serverless", "--wheel", str(wheel), *extra))
+    err = capsys.readouterr().err
+    if wanted is None:  # the check passes this one: it is submitted
+        assert code == 0, err
+        assert workspace.calls("POST", "/api/2.2/jobs/runs/submit")
+        return
+    assert code == 2 and wanted in err, err
+    assert workspace.requests == []
+
+
+def test_environment_options_without_serverless_are_refused(workspace, wheel, capsys):
+    for extra in (["--dependency", "x"], ["--environment-version", "4"]):
+        code = cli.main(submit("--cluster-id", "c1", "--wheel", str(wheel), *extra))
+        assert code == 2 and "--serverless" in capsys.readouterr().err
+    assert workspace.requests == []
+
+
+def test_throttled_serverless_submit_is_retried_with_the_same_body(workspace, wheel, capsys):
+    workspace_for_submit(workspace, run_state("TERMINATED", "SUCCESS"))
+    workspace.on("POST", "/api/2.2/jobs/runs/submit",
+                 (429, {"error_code": "REQUEST_LIMIT_EXCEEDED", "message": "too many"},
+                  {"Retry-After": "0"}),
+                 (200, {"run_id": 42}))
+    assert cli.main(submit("--serverless", "--wheel", str(wheel),
+                           "--set", "training.output_dir=/Volumes/c/s/v/runs")) == 0
+    first, second = (r.json() for r in workspace.calls("POST", "/api/2.2/jobs/runs/submit"))
+    assert first == second and first["idempotency_token"]

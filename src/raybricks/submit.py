@@ -2,14 +2,17 @@
 
 The job config is validated here first. Then it (and a local wheel) is uploaded to a
 workspace folder, ``jobs.submit`` starts a one-time run of ``raybricks train`` as a
-``python_wheel_task`` on an existing cluster or a new job cluster, and the run is
-followed to its end: the run URL, a state line while it runs, and the result. Exit 0 on
-success, 1 with the run's error otherwise (2 for problems found before submitting).
+``python_wheel_task`` on an existing cluster, a new job cluster, or serverless jobs
+compute (``--serverless``: an environment instead of a cluster, the Spark executor, the
+run directory in a Unity Catalog volume), and the run is followed to its end: the run
+URL, a state line while it runs, and the result. Exit 0 on success, 1 with the run's
+error otherwise (2 for problems found before submitting).
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import time
 import uuid
@@ -23,6 +26,7 @@ from raybricks.databricks import (
     TIMEOUT_ENV,
     api_errors,
     ensure_volume,
+    volume_path,
     workspace_client,
 )
 from raybricks.errors import ConfigError
@@ -40,6 +44,17 @@ DEFAULT_SPARK_VERSION = "16.4.x-cpu-ml-scala2.12"
 RAY_SPARK_CONF = {CHUNK_API_CONF: "true", "spark.task.cpus": "1"}
 RAY_SPARK_ENV = {"RAY_AUTH_MODE": "disabled"}
 DEFAULT_RUN_TIMEOUT_S = 4 * 3600
+#: Serverless jobs compute: the environment version a run gets unless told (its Python
+#: is 3.12, and its Databricks Connect is Spark 4's client: Databricks' release notes).
+DEFAULT_ENVIRONMENT_VERSION = "4"
+#: The Python of each serverless environment version (Databricks' release notes);
+#: raybricks needs 3.11 or later. Versions not listed are newer ones, taken as they are.
+SERVERLESS_PYTHON = {"1": (3, 10), "2": (3, 11), "3": (3, 12), "4": (3, 12)}
+#: The key of the run's one environment (bundles/serverless.job.yml uses the same).
+ENVIRONMENT_KEY = "raybricks"
+#: Which extras of the wheel a job config needs beyond its requirements: serverless
+#: environments have none of these libraries (a DBR ML cluster has some).
+KIND_EXTRAS = {"catboost": "catboost", "prophet": "prophet"}
 REMOTE_WHEEL_PREFIXES = ("/Workspace/", "/Volumes/", "dbfs:/", "s3://", "abfss://", "gs://")
 FINAL_STATES = {"TERMINATED", "SKIPPED", "INTERNAL_ERROR"}
 
@@ -64,12 +79,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     where.add_argument("--cluster-id", help="run on this existing cluster (needs a DBR ML runtime)")
     where.add_argument("--new-cluster", action="store_true",
                        help="run on a new job cluster (the default without --cluster-id)")
+    where.add_argument("--serverless", action="store_true",
+                       help="run on serverless jobs compute: Spark Connect, training on the "
+                       "Spark executor (no Ray), the run directory in --staging-volume")
     parser.add_argument("--node-type", help="node type of a new cluster, e.g. i3.xlarge (AWS), "
                         "Standard_D4ds_v5 (Azure), n2-standard-4 (GCP)")
     parser.add_argument("--workers", type=worker_range, metavar="N|MIN-MAX",
                         help="workers of a new cluster: N, or MIN-MAX to autoscale (default 2)")
     parser.add_argument("--spark-version", default=DEFAULT_SPARK_VERSION,
                         help=f"runtime of a new cluster (default {DEFAULT_SPARK_VERSION})")
+    parser.add_argument("--environment-version", metavar="N",
+                        help="serverless environment version of a --serverless run "
+                        f"(default {DEFAULT_ENVIRONMENT_VERSION})")
+    parser.add_argument("--dependency", action="append", default=[], metavar="REQUIREMENT",
+                        help="a pip requirement the --serverless environment installs beside "
+                        "the wheel (the extras the config needs are added by themselves)")
     parser.add_argument("--wheel", help="a local raybricks .whl to upload, or a /Workspace, "
                         "/Volumes or dbfs:/ path of one (default: the newest dist/*.whl)")
     parser.add_argument("--workspace-dir", help="workspace folder for the uploads (default "
@@ -92,14 +116,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Validate, upload, submit and follow; the exit code of the ``submit`` verb."""
     config = JobConfig.load(args.config, args.set)
-    cluster = _cluster_choice(args)
+    compute = _compute_choice(args, config)
     wheel = _local_or_remote_wheel(args.wheel)
-    client = workspace_client(profile=args.profile, timeout_s=args.timeout)
     overrides = list(args.set)
     if args.staging_volume:
-        root = ensure_volume(client, args.staging_volume)
-        print(f"staging in volume {root}")
-        overrides = volume_overrides(config, root) + overrides
+        overrides = volume_overrides(config, volume_path(args.staging_volume)) + overrides
+    if isinstance(compute, Serverless):
+        check_serverless(args.config, overrides)
+    client = workspace_client(profile=args.profile, timeout_s=args.timeout)
+    if args.staging_volume:
+        print(f"staging in volume {ensure_volume(client, args.staging_volume)}")
     folder = _upload_folder(client, args.workspace_dir)
     tag = f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
     config_path = upload(client, f"{folder}/{tag}/{Path(args.config).name}",
@@ -108,16 +134,21 @@ def run(args: argparse.Namespace) -> int:
         client, f"{folder}/{tag}/{wheel.name}", wheel.read_bytes()
     )
     print(f"uploaded {args.config} to {config_path}")
-    task = training_task(config_path, overrides, wheel_path, cluster)
+    run_name = args.run_name or f"raybricks train {Path(args.config).stem}"
+    timeout_s = args.run_timeout or None
     with api_errors("submitting the run (jobs/runs/submit)", client):
-        waiter = client.jobs.submit(
-            run_name=args.run_name or f"raybricks train {Path(args.config).stem}",
-            tasks=[task],
-            timeout_seconds=args.run_timeout or None,
-            idempotency_token=tag,  # a retried submit never starts a second run
-        )
-    return follow(client, waiter.run_id, poll_interval=args.poll_interval,
-                  wait=not args.no_wait)
+        if isinstance(compute, Serverless):
+            run_id = submit_serverless(
+                client, serverless_run(run_name, config_path, overrides, wheel_path, compute,
+                                       timeout_s=timeout_s, idempotency_token=tag))
+        else:
+            run_id = client.jobs.submit(
+                run_name=run_name,
+                tasks=[training_task(config_path, overrides, wheel_path, compute)],
+                timeout_seconds=timeout_s,
+                idempotency_token=tag,  # a retried submit never starts a second run
+            ).run_id
+    return follow(client, run_id, poll_interval=args.poll_interval, wait=not args.no_wait)
 
 
 # --------------------------------------------------------------------------- the task
@@ -133,6 +164,38 @@ class ClusterChoice:
     workers: tuple[int, int] = (2, 2)
 
 
+@dataclass(frozen=True)
+class Serverless:
+    """Serverless jobs compute: the environment's version and what it installs beside the
+    wheel (pip requirements)."""
+
+    environment_version: str = DEFAULT_ENVIRONMENT_VERSION
+    dependencies: tuple[str, ...] = ()
+
+
+def _compute_choice(args: argparse.Namespace, config: JobConfig) -> ClusterChoice | Serverless:
+    if args.serverless:
+        return _serverless_choice(args, config)
+    if args.environment_version or args.dependency:
+        raise ConfigError("--environment-version and --dependency shape a serverless "
+                          "environment: add --serverless, or drop them")
+    return _cluster_choice(args)
+
+
+def _serverless_choice(args: argparse.Namespace, config: JobConfig) -> Serverless:
+    if args.node_type or args.workers or args.spark_version != DEFAULT_SPARK_VERSION:
+        raise ConfigError("--node-type, --workers and --spark-version shape a cluster; "
+                          "serverless compute has none: drop them with --serverless")
+    version = args.environment_version or DEFAULT_ENVIRONMENT_VERSION
+    python = SERVERLESS_PYTHON.get(version)
+    if not version.isdigit() or (python is not None and python < (3, 11)):
+        raise ConfigError(f"--environment-version {version!r}: give a serverless "
+                          "environment version whose Python is 3.11 or later (2 or later; "
+                          f"default {DEFAULT_ENVIRONMENT_VERSION})")
+    return Serverless(environment_version=version,
+                      dependencies=(*extra_requirements(extras_for(config)), *args.dependency))
+
+
 def _cluster_choice(args: argparse.Namespace) -> ClusterChoice:
     if args.cluster_id:
         if args.node_type or args.workers:
@@ -142,7 +205,7 @@ def _cluster_choice(args: argparse.Namespace) -> ClusterChoice:
     if not args.node_type:
         raise ConfigError("a new cluster needs --node-type (e.g. i3.xlarge on AWS, "
                           "Standard_D4ds_v5 on Azure, n2-standard-4 on GCP), or pass "
-                          "--cluster-id of an existing DBR ML cluster")
+                          "--cluster-id of an existing DBR ML cluster, or --serverless")
     return ClusterChoice(spark_version=args.spark_version, node_type=args.node_type,
                          workers=args.workers or (2, 2))
 
@@ -181,6 +244,112 @@ def training_task(
         existing_cluster_id=cluster.cluster_id,
         new_cluster=None if cluster.cluster_id else new_cluster_spec(cluster),
     )
+
+
+# --------------------------------------------------------------------------- serverless
+
+
+def extras_for(config: JobConfig) -> list[str]:
+    """The wheel's extras the config needs: forecast (task forecast), hierarchy
+    (forecast.hierarchy), bayes (a candidate's search_method bayes), catboost, prophet."""
+    extras = set()
+    if config.task == "forecast":
+        extras.add("forecast")
+    if config.forecast is not None and config.forecast.hierarchy is not None:
+        extras.add("hierarchy")
+    for candidate in config.models:
+        kind = candidate.kind.rsplit(":", 1)[-1]  # lags:catboost is catboost on lags
+        if kind in KIND_EXTRAS:
+            extras.add(KIND_EXTRAS[kind])
+        if candidate.search_method == "bayes":
+            extras.add("bayes")
+    return sorted(extras)
+
+
+def extra_requirements(extras: list[str]) -> list[str]:
+    """The pip requirements of the wheel's ``extras``, as the installed raybricks declares
+    them (its metadata: the same pyproject.toml the wheel is built from)."""
+    if not extras:
+        return []
+    from importlib.metadata import PackageNotFoundError, requires
+
+    try:
+        declared = requires(PACKAGE_NAME) or []
+    except PackageNotFoundError:
+        raise ConfigError(f"the job config needs the extras {extras}, but raybricks' own "
+                          "metadata is not installed here to say what they require: pass "
+                          "each requirement with --dependency") from None
+    found = []
+    for line in declared:
+        requirement, _, marker = line.partition(";")
+        extra = re.search(r"""extra\s*==\s*["']([^"']+)["']""", marker)
+        if extra and extra.group(1) in extras and requirement.strip() not in found:
+            found.append(requirement.strip())
+    return found
+
+
+def check_serverless(config_file: str, overrides: list[str]) -> JobConfig:
+    """The config as the serverless run trains it (overrides, then the Spark executor):
+    its run directory must be a Unity Catalog volume, and it must not ask for Ray."""
+    asked = JobConfig.load(config_file, overrides)
+    if asked.training.executor == "ray":
+        raise ConfigError("training.executor=ray: Ray on Spark cannot start on serverless "
+                          "compute (Spark Connect, no SparkContext); --serverless trains on "
+                          "the Spark executor: drop training.executor=ray, or run on a "
+                          "cluster (--cluster-id or --new-cluster)")
+    config = JobConfig.load(config_file, [*overrides, "training.executor=spark"])
+    if not config.training.output_dir.startswith("/Volumes/"):
+        raise ConfigError(
+            f"training.output_dir={config.training.output_dir!r} is not in a Unity Catalog "
+            "volume, and serverless compute has no driver disk that outlives the run: give "
+            "--staging-volume CATALOG.SCHEMA.VOLUME (its runs/ folder, unless the config "
+            "sets training.output_dir itself) or --set "
+            "training.output_dir=/Volumes/<catalog>/<schema>/<volume>/runs")
+    return config
+
+
+def serverless_run(
+    run_name: str, config_path: str, overrides: list[str], wheel_path: str,
+    compute: Serverless, *, timeout_s: int | None = None, idempotency_token: str | None = None,
+) -> dict:
+    """The ``jobs/runs/submit`` request of a serverless run: one environment (the wheel,
+    then the extras' and the user's requirements) and one wheel task using it, which runs
+    ``raybricks train ... --executor spark``; no cluster anywhere."""
+    parameters = ["train", "--config", config_path, "--executor", "spark"]
+    for item in overrides:
+        parameters += ["--set", item]
+    body = {
+        "run_name": run_name,
+        "environments": [{
+            "environment_key": ENVIRONMENT_KEY,
+            "spec": {"environment_version": compute.environment_version,
+                     "dependencies": [wheel_path, *compute.dependencies]},
+        }],
+        "tasks": [{
+            "task_key": "train",
+            "environment_key": ENVIRONMENT_KEY,
+            "python_wheel_task": {"package_name": PACKAGE_NAME, "entry_point": ENTRY_POINT,
+                                  "parameters": parameters},
+        }],
+    }
+    if timeout_s:
+        body["timeout_seconds"] = timeout_s
+    if idempotency_token:
+        body["idempotency_token"] = idempotency_token  # a retried submit starts no second run
+    return body
+
+
+def submit_serverless(client: WorkspaceClient, body: dict) -> int:
+    """POST the request to ``jobs/runs/submit``; the run id. Plain JSON through the SDK's
+    API client (retries and errors as every call), so that SDK releases without the
+    ``environments`` field (databricks-sdk 0.20 of DBR 15.4) submit it too."""
+    headers = {"Accept": "application/json", "Content-Type": "application/json"}
+    workspace_id = getattr(client.config, "workspace_id", None)
+    if workspace_id:
+        headers["X-Databricks-Workspace-Id"] = str(workspace_id)
+    answer = client.api_client.do("POST", "/api/2.2/jobs/runs/submit", body=body,
+                                  headers=headers)
+    return int(answer["run_id"])
 
 
 def volume_overrides(config: JobConfig, root: str) -> list[str]:
