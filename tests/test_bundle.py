@@ -29,10 +29,18 @@ from raybricks.cli import build_parser
 from raybricks.cli import overrides as cli_overrides
 from raybricks.config import JobConfig
 from raybricks.monitoring import PERIODS
-from raybricks.submit import ENTRY_POINT, PACKAGE_NAME, RAY_SPARK_CONF, RAY_SPARK_ENV
+from raybricks.submit import (
+    DEFAULT_ENVIRONMENT_VERSION,
+    ENTRY_POINT,
+    PACKAGE_NAME,
+    RAY_SPARK_CONF,
+    RAY_SPARK_ENV,
+    SERVERLESS_PYTHON,
+)
 
 REPO = Path(__file__).parents[1]
 SCHEMA = Path(__file__).parents[2] / "shared" / "schemas" / "databricks-bundle-config.schema.json"
+SERVERLESS = REPO / "bundles" / "serverless.job.yml"
 NOTEBOOK_HEADER = "# Databricks notebook source"
 REFERENCE = re.compile(r"\$\{([a-z_]+)\.([A-Za-z0-9_.\-\[\]]+)\}")
 
@@ -129,6 +137,17 @@ def tasks_of(document: dict) -> Iterator[tuple[str, dict]]:
             yield name, task
 
 
+def serverless_jobs(files: dict[Path, dict]) -> dict[str, dict]:
+    """The jobs of bundles/serverless.job.yml, by name."""
+    return jobs_of(files[SERVERLESS])
+
+
+def classic_twin(name: str) -> str:
+    """``training_serverless`` -> ``training``: the cluster job a serverless one varies."""
+    assert name.endswith("_serverless"), name
+    return name.removesuffix("_serverless")
+
+
 def strings(node: object) -> Iterator[str]:
     if isinstance(node, str):
         yield node
@@ -154,9 +173,12 @@ def test_the_schema_check_catches_mistakes(bundle, validator):
     training = broken["resources"]["jobs"]["training"]
     training["timeout_seconds"] = "four hours"  # neither an int nor a ${...} reference
     training["tasks"][0]["python_wheel_task"]["entrypoint"] = "raybricks"  # misspelt key
+    serverless = broken["resources"]["jobs"]["training_serverless"]
+    serverless["environments"][0]["spec"]["environment_verison"] = "4"  # misspelt key
     found = problems(validator, broken)
     assert any("timeout_seconds" in p for p in found)
     assert any("entrypoint" in p for p in found)
+    assert any("environment_verison" in p for p in found)
     (problem,) = problems(validator, {"bundle": {"nme": "x"}})
     assert "'name' is a required property" in problem and "'nme' was unexpected" in problem
 
@@ -200,10 +222,13 @@ def test_resource_references_and_task_dependencies_resolve(bundle):
     for name, job in jobs_of(bundle).items():
         keys = {task["task_key"] for task in job["tasks"]}
         clusters = {c["job_cluster_key"] for c in job.get("job_clusters", [])}
+        environments = {e["environment_key"] for e in job.get("environments", [])}
         for task in job["tasks"]:
             assert {d["task_key"] for d in task.get("depends_on", [])} <= keys - {task["task_key"]}
             if "job_cluster_key" in task:
                 assert task["job_cluster_key"] in clusters, (name, task["task_key"])
+            if "environment_key" in task:
+                assert task["environment_key"] in environments, (name, task["task_key"])
     score = {t["task_key"]: t for t in bundle["resources"]["jobs"]["train_and_score"]["tasks"]}
     assert score["score"]["depends_on"] == [{"task_key": "train"}]
 
@@ -282,7 +307,8 @@ def test_wheel_tasks_call_entry_points_of_the_built_wheel(bundle, built_wheel):
     name, scripts = wheel_entry_points(built_wheel)
     assert ENTRY_POINT in scripts and name == PACKAGE_NAME  # what `raybricks submit` runs
     wheel_tasks = [t["python_wheel_task"] for _, t in tasks_of(bundle) if "python_wheel_task" in t]
-    assert len(wheel_tasks) == 6  # training, scoring, forecasting (2), monitoring (2)
+    # training, scoring, forecasting (2), monitoring (2); each again on serverless
+    assert len(wheel_tasks) == 12
     for task in wheel_tasks:
         assert task["package_name"] == name
         assert task["entry_point"] in scripts
@@ -302,21 +328,29 @@ def test_wheel_leaves_spark_to_the_runtime_and_carries_the_demo_job(built_wheel)
     assert "raybricks/route_flights_forecast.yml" in names  # and `demo --forecast`
 
 
+def local_wheels(source: Path, document: dict) -> Iterator[str]:
+    """The wheel paths of a bundle file: task libraries and serverless environments'
+    dependencies that are local wheels (the CLI uploads both and rewrites the path)."""
+    for _, task in tasks_of(document):
+        yield from (library["whl"] for library in task.get("libraries", []) if "whl" in library)
+    for job in jobs_of(document).values():
+        for environment in job.get("environments", []):
+            yield from (d for d in environment["spec"].get("dependencies", [])
+                        if d.endswith(".whl") and not d.startswith("/"))
+
+
 def test_wheel_libraries_point_at_the_built_wheel(bundle_files, built_wheel):
     (artifact,) = bundle_files[REPO / "databricks.yml"]["artifacts"].values()
     assert artifact["type"] == "whl"
     dist = (REPO / artifact["path"] / "dist").resolve()  # where `uv build` writes
     count = 0
     for source, document in bundle_files.items():
-        for _, task in tasks_of(document):
-            for library in task.get("libraries", []):
-                if "whl" not in library:
-                    continue
-                pattern = (source.parent / library["whl"]).resolve()
-                assert pattern.parent == dist, library
-                assert fnmatch.fnmatch(built_wheel.name, pattern.name), library
-                count += 1
-    assert count == 6
+        for wheel in local_wheels(source, document):
+            pattern = (source.parent / wheel).resolve()
+            assert pattern.parent == dist, wheel
+            assert fnmatch.fnmatch(built_wheel.name, pattern.name), wheel
+            count += 1
+    assert count == 6 + 4  # cluster task libraries; serverless environments
 
 
 # --------------------------------------------------------------------------- what the jobs run
@@ -333,7 +367,7 @@ def resolve(text: str, bundle: dict) -> str:
 def test_job_parameters_parse_with_the_cli_and_the_training_config_validates(bundle):
     commands = {}
     for job, task in tasks_of(bundle):
-        if "python_wheel_task" in task and job not in ("forecasting", "monitoring"):
+        if "python_wheel_task" in task and job in ("training", "scoring"):
             params = [resolve(p, bundle) for p in task["python_wheel_task"]["parameters"]]
             args = build_parser().parse_args(params)
             commands[args.verb] = args
@@ -406,6 +440,139 @@ def test_training_cluster_runs_ray_on_spark_like_submit(bundle, job):
     for name, job in jobs_of(bundle).items():
         assert job["timeout_seconds"] > 0, name
         assert job["email_notifications"]["on_failure"], name
+
+
+# --------------------------------------------------------------------------- serverless
+
+#: What puts a task on a cluster (or gives it cluster libraries, which serverless refuses).
+CLUSTER_KEYS = ("existing_cluster_id", "job_cluster_key", "libraries", "new_cluster")
+
+
+def serverless_problems(name: str, job: dict) -> list[str]:
+    """What keeps a job off serverless jobs compute, or raybricks out of its environment:
+    a cluster anywhere, a task without an environment of its job (wheel tasks need one),
+    an environment without a version (``client`` is the deprecated name) or without the
+    wheel as its first dependency, an environment no task uses."""
+    found = [f"{name}: job_clusters"] if "job_clusters" in job else []
+    keys = [e["environment_key"] for e in job.get("environments", [])]
+    if len(set(keys)) != len(keys):
+        found.append(f"{name}: an environment_key twice")
+    for environment in job.get("environments", []):
+        spec, where = environment.get("spec", {}), f"{name}.{environment['environment_key']}"
+        if "environment_version" not in spec:
+            found.append(f"{where}: no environment_version")
+        if not spec.get("dependencies", [""])[0].endswith(".whl"):
+            found.append(f"{where}: the wheel is not its first dependency")
+    used = set()
+    for task in job.get("tasks", []):
+        where = f"{name}.{task['task_key']}"
+        found += [f"{where}: {key}" for key in CLUSTER_KEYS if key in task]
+        if task.get("environment_key") not in keys:
+            found.append(f"{where}: no environment_key of the job")
+        used.add(task.get("environment_key"))
+    return found + [f"{name}.{key}: no task uses it" for key in keys if key not in used]
+
+
+def test_serverless_jobs_have_no_cluster_and_every_task_an_environment(bundle_files):
+    jobs = serverless_jobs(bundle_files)
+    assert {classic_twin(name) for name in jobs} == {
+        "training", "scoring", "forecasting", "monitoring"}
+    for name, job in jobs.items():
+        assert serverless_problems(name, job) == []
+    # the check itself catches each way a job falls back onto a cluster or no environment
+    job = copy.deepcopy(jobs["forecasting_serverless"])
+    job["job_clusters"] = [{"job_cluster_key": "c", "new_cluster": {"num_workers": 1}}]
+    train, forecast = job["tasks"]
+    train["job_cluster_key"] = "c"
+    train["libraries"] = [{"whl": "../dist/*.whl"}]
+    del forecast["environment_key"]
+    spec = job["environments"][0]["spec"]
+    spec["client"] = spec.pop("environment_version")
+    spec["dependencies"] = spec["dependencies"][1:]
+    assert serverless_problems("j", job) == [
+        "j: job_clusters",
+        "j.raybricks_forecast: no environment_version",
+        "j.raybricks_forecast: the wheel is not its first dependency",
+        "j.train: job_cluster_key", "j.train: libraries",
+        "j.forecast: no environment_key of the job"]
+    del train["environment_key"]
+    assert serverless_problems("j", {"tasks": [train], "environments": job["environments"]})[-2:] \
+        == ["j.train: no environment_key of the job", "j.raybricks_forecast: no task uses it"]
+
+
+def test_serverless_tasks_run_what_their_cluster_twins_run_training_on_spark(
+        bundle, bundle_files):
+    """Each serverless task runs its cluster twin's command (same job name without
+    ``_serverless``, same task key and order); a training one adds ``--executor spark``,
+    and its config, as the CLI loads it, trains on the Spark executor with staging and
+    run directories in the bundle's volume."""
+    volume = resolve("/Volumes/${var.catalog}/${var.schema}/${var.volume}/", bundle)
+    trained = 0
+    for name, job in serverless_jobs(bundle_files).items():
+        twin = bundle["resources"]["jobs"][classic_twin(name)]
+        assert [t["task_key"] for t in job["tasks"]] == [t["task_key"] for t in twin["tasks"]]
+        for key in ("timeout_seconds", "max_concurrent_runs", "email_notifications"):
+            assert job[key] == twin[key], (name, key)
+        for task, classic in zip(job["tasks"], twin["tasks"], strict=True):
+            assert task.get("depends_on") == classic.get("depends_on")
+            params = task["python_wheel_task"]["parameters"]
+            expected = classic["python_wheel_task"]["parameters"]
+            if params[0] != "train":
+                assert params == expected, (name, task["task_key"])
+                continue
+            at = params.index("--executor")
+            assert params[at + 1] == "spark" and params[:at] + params[at + 2:] == expected
+            args = build_parser().parse_args([resolve(p, bundle) for p in params])
+            config = JobConfig.load(args.config, cli_overrides(args))
+            assert config.training.executor == "spark", name
+            assert config.training.output_dir.startswith(volume), name
+            assert config.data.staging_dir.startswith(volume), name
+            trained += 1
+    assert trained == 3  # training, forecasting's train, monitoring's retrain
+
+
+def test_serverless_environments_install_the_wheel_and_the_extras_their_configs_need(
+        bundle, bundle_files):
+    """Every environment: the version `raybricks submit --serverless` uses, a Python that
+    raybricks supports, the wheel, then exactly the requirements of the extras its
+    training configs need (as submit works them out), in pyproject.toml's words."""
+    import tomllib
+
+    from packaging.specifiers import SpecifierSet
+
+    from raybricks.submit import extras_for
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    version = resolve("${var.serverless_environment_version}", bundle)
+    assert version == DEFAULT_ENVIRONMENT_VERSION
+    python = ".".join(map(str, SERVERLESS_PYTHON[version]))
+    assert python in SpecifierSet(project["requires-python"]), python
+    needed = {}
+    for name, job in serverless_jobs(bundle_files).items():
+        for task in job["tasks"]:
+            params = [resolve(p, bundle) for p in task["python_wheel_task"]["parameters"]]
+            extras = needed.setdefault((name, task["environment_key"]), [])
+            if params[0] == "train":
+                args = build_parser().parse_args(params)
+                config = JobConfig.load(args.config, cli_overrides(args))
+                extras += [e for e in extras_for(config) if e not in extras]
+        for environment in job["environments"]:
+            spec = environment["spec"]
+            assert spec["environment_version"] == "${var.serverless_environment_version}"
+            wheel, *rest = spec["dependencies"]
+            assert wheel == "../dist/*.whl"
+            wanted = [r for extra in needed[name, environment["environment_key"]]
+                      for r in project["optional-dependencies"][extra]]
+            assert rest == wanted, name
+    assert needed["forecasting_serverless", "raybricks_forecast"] == ["forecast"]
+
+
+def test_one_monitoring_schedule_runs_the_serverless_one_paused(bundle):
+    jobs = bundle["resources"]["jobs"]
+    schedules = {name: jobs[name]["schedule"] for name in ("monitoring", "monitoring_serverless")}
+    assert schedules["monitoring_serverless"] == {**schedules["monitoring"],
+                                                  "pause_status": "PAUSED"}
+    assert schedules["monitoring"]["pause_status"] == "UNPAUSED"
 
 
 # --------------------------------------------------------------------------- job configs
