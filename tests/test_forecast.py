@@ -1015,7 +1015,7 @@ def test_the_global_backtest_of_a_block_is_each_series_own(tmp_path):
     plan = plan_for(data, tmp_path, **changes)
     block = pa.Table.from_pandas(data, preserve_index=False)
     models, error = gf.fit_global(gf.global_candidate(forecast_job(tmp_path, **changes)),
-                                  plan, gf.series_rows(block, plan, 1.0, 0, 0))
+                                  plan, gf.series_rows(block, 0, plan, 1.0))
     assert error is None
     plan = replace_plan(plan, global_members=models[:-1], global_token="block-backtests")
     frame, bounds = data.reset_index(drop=True), list(segment_bounds(block, ["store"]))

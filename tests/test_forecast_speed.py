@@ -75,8 +75,8 @@ def test_each_candidates_seconds_are_in_the_result_row(tmp_path):
     import pyarrow as pa
 
     from raybricks.data import segment_bounds
-    from raybricks.training.engine import warm_up
     from raybricks.training.forecast.task import FORECAST
+    from raybricks.training.packed import warm_up
     from raybricks.training.selection import results_table
 
     data = pd.concat([daily(s, 150, i) for i, s in enumerate(["a", "b", "c"])])

@@ -419,7 +419,7 @@ def test_a_resumed_run_trains_only_the_segments_without_results():
 def test_tasks_cap_every_thread_pool_of_the_candidates_libraries():
     from threadpoolctl import threadpool_info
 
-    from raybricks.training.engine import limit_threads
+    from raybricks.training.packed import limit_threads
     from raybricks.training.tasks import task_of
 
     config = JobConfig.from_dict({

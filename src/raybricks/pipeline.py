@@ -10,6 +10,7 @@ fails loudly, before anything is registered, when they disagree.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -29,7 +30,9 @@ from raybricks.results import release_memory
 from raybricks.session import require_spark_context
 from raybricks.sources import only_segments, read_source, segment_files
 from raybricks.training import TrainingResult, train_segments
+from raybricks.training.blocks import RayBlocks
 from raybricks.training.engine import with_run_id
+from raybricks.training.on_spark import spark_segments
 from raybricks.training.plan import GivenGlobal
 from raybricks.training.tasks import make_plan, task_of
 
@@ -332,7 +335,9 @@ def train(
         with stage("checks", timings, "checks: config, estimators, registry name"):
             check_job(config, register=register)
         spark = console.spark_session(spark, config.spark, timings)
-        require_spark_context(spark, "training")  # before it reads or starts Ray
+        if config.training.executor == "ray":  # before it reads or starts Ray
+            require_spark_context(spark, "training.executor: ray (Ray on Spark)",
+                                  "or train with --executor spark (Spark's own tasks)")
         with stage("source", timings, f"source: {source_name(config)}: columns, types, "
                    "target"):
             files = segment_files(config.source, spark) if is_template(config.source.path) \
@@ -348,6 +353,11 @@ def train(
             with stage("champion", timings, "champion: its global model, kept or refitted"):
                 config = global_choice(config, spark)
                 given = kept_global(config) if register else None
+        executor, why = choose_executor(config, spark, num_rows)
+        console.say(f"executor: {executor}: {why}")
+        log.info("executor: %s: %s", executor, why)
+        config = config.model_copy(update={"training": config.training.model_copy(
+            update={"executor": executor})})
         try:
             result, accounting = _train_source(config, spark, df, num_rows, files, timings,
                                                given, source)
@@ -365,6 +375,43 @@ def train(
         seconds = clock.seconds()
     return TrainingReport(result, publication, clock.timings(seconds), accounting, forecasts,
                           seconds)
+
+
+#: ``executor: auto`` on a classic session takes Spark's tasks for a source of at most
+#: this many rows (Ray's start, 11-26 s, would dominate such a job), Ray above.
+AUTO_SPARK_MAX_ROWS = 2_000_000
+
+
+def choose_executor(config: JobConfig, spark: SparkSession, num_rows: int
+                    ) -> tuple[str, str]:
+    """Where the job's segments train (``training.executor``; ``auto`` resolved) and why.
+    Refuses what the chosen executor cannot do."""
+    from raybricks.session import is_spark_connect
+
+    asked = config.training.executor
+    gpus = [c.name for c in config.models if c.resources.num_gpus > 0]
+    connect = is_spark_connect(spark)
+    if gpus and (asked == "spark" or connect):
+        raise ConfigError(
+            f"candidate(s) {', '.join(gpus)} ask for GPUs, which only the Ray executor "
+            "gives a task"
+            + (" and this Spark Connect session cannot start Ray" if connect else "")
+            + ": train on a dedicated access mode cluster with training.executor: ray (or "
+            "auto), or drop resources.num_gpus")
+    if asked != "auto":
+        return asked, f"training.executor: {asked}"
+    if connect:
+        return "spark", ("a Spark Connect session (serverless, standard access mode): "
+                         "Ray on Spark cannot start here")
+    if gpus:
+        return "ray", f"GPU candidates ({', '.join(gpus)}) train on Ray's GPU tasks"
+    if config.cluster.mode in ("address", "local"):
+        return "ray", f"cluster.mode: {config.cluster.mode} names a Ray to use"
+    if num_rows > AUTO_SPARK_MAX_ROWS:
+        return "ray", (f"{num_rows:,} rows (more than {AUTO_SPARK_MAX_ROWS:,}): Ray's "
+                       "packed tasks, large segments with Ray Train")
+    return "spark", (f"{num_rows:,} rows (at most {AUTO_SPARK_MAX_ROWS:,}): Spark's own "
+                     "tasks, without Ray's start")
 
 
 def source_name(config: JobConfig) -> str:
@@ -429,39 +476,52 @@ def _train_source(config: JobConfig, spark: SparkSession, df: DataFrame, num_row
                   files: SegmentFiles | None, timings: dict[str, float],
                   given: GivenGlobal | None = None, source: DataFrame | None = None
                   ) -> tuple[TrainingResult, dict[str, int]]:
-    """Ray up, the source as Ray blocks, every segment trained, the result reconciled
-    with the source's segments (a path template's keys whose files gave no rows are
-    skipped segments). ``given``: the champion's global model, kept; with
-    ``global_model: refit``, a retrain's global model learns from the whole ``source``."""
+    """Every segment trained on the job's executor (``training.executor``, resolved: Ray
+    up and the source as Ray blocks, or Spark's tasks), the result reconciled with the
+    source's segments (a path template's keys whose files gave no rows are skipped
+    segments). ``given``: the champion's global model, kept; with ``global_model:
+    refit``, a retrain's global model learns from the whole ``source``."""
     # the source's distinct segments, counted by Spark while Ray converts and trains
     counting = ThreadPoolExecutor(1, thread_name_prefix="raybricks-accounting")
     source_segments = counting.submit(count_segments, df, config.segment_by)
     skipped = counting.submit(files.skipped, config.segment_by) if files else None
     counting.shutdown(wait=False)
-    with ray_cluster(config.cluster, spark, timings, config.gpu_candidates()):
-        with stage("data", timings, "data: the source as Ray blocks by segment"):
-            segmented = to_ray_dataset(
-                df, config.segment_by,
-                strategy=config.data.strategy, max_block_rows=config.data.max_block_rows,
+    refit = (given is None and config.source.segments is not None and source is not None
+             and config.fallback == "global" and config.global_model == "refit")
+    on_ray = config.training.executor == "ray"
+    with (ray_cluster(config.cluster, spark, timings, config.gpu_candidates()) if on_ray
+          else contextlib.nullcontext()):
+        with stage("data", timings, "data: the source as Ray blocks by segment" if on_ray
+                   else "data: the source laid out by segment for Spark's tasks"):
+            segmented = (to_ray_dataset(
+                df, config.segment_by, strategy=config.data.strategy,
+                max_block_rows=config.data.max_block_rows,
                 staging_dir=config.data.staging_dir, num_rows=num_rows,
-            )
+            ) if on_ray else spark_segments(df, config.segment_by, num_rows, spark))
         whole = None
-        if (given is None and config.source.segments is not None and source is not None
-                and config.fallback == "global" and config.global_model == "refit"):
-            with stage("global data", timings, "global data: the whole source as Ray "
-                       "blocks, for the global model"):
+        if refit:
+            with stage("global data", timings, "global data: the whole source, for the "
+                       "global model"):
                 whole_df = read_columns(config, source)
-                whole = to_ray_dataset(whole_df, config.segment_by,
-                                       strategy=config.data.strategy,
-                                       max_block_rows=config.data.max_block_rows,
-                                       staging_dir=config.data.staging_dir)
-                given = GivenGlobal(refs=whole.block_refs(), num_rows=whole.num_rows)
+                whole = (to_ray_dataset(whole_df, config.segment_by,
+                                        strategy=config.data.strategy,
+                                        max_block_rows=config.data.max_block_rows,
+                                        staging_dir=config.data.staging_dir) if on_ray
+                         else spark_segments(whole_df, config.segment_by, whole_df.count(),
+                                             spark))
+                given = GivenGlobal(blocks=RayBlocks(whole.block_refs(), whole.segment_by,
+                                                     whole.segments) if on_ray
+                                    else whole.blocks(), num_rows=whole.num_rows)
         try:
             lost = skipped.result() if skipped else None
             empty = lost.absent if lost else []
-            with stage("training", timings, f"training (run {config.training.run_id})"):
+            total = None if on_ray else source_segments.result()
+            where = "Ray's tasks" if on_ray else "Spark's tasks"
+            with stage("training", timings,
+                       f"training on {where} (run {config.training.run_id})"):
                 result = train_segments(segmented, config, absent=empty, given_global=given,
-                                        file_notes=lost.notes if lost else None)
+                                        file_notes=lost.notes if lost else None,
+                                        total=total)
         finally:  # the staged files, kept for rebuilding lost blocks, are not needed
             segmented.release()
             if whole is not None:
@@ -469,20 +529,23 @@ def _train_source(config: JobConfig, spark: SparkSession, df: DataFrame, num_row
         del segmented  # its index of every segment: the results are on disk now
         if hierarchical(config):
             with stage("reconciliation", timings, "reconciliation: every level adds up"):
-                reconcile_levels(result, config)
+                reconcile_levels(result, config, on_ray)
     release_memory()
     with stage("accounting", timings, "accounting: one result per source segment"):
         accounting = reconcile(result, source_segments.result() + len(empty))
     return result, accounting
 
 
-def reconcile_levels(result: TrainingResult, config: JobConfig) -> None:
-    """``reconciliation.reconcile`` on the running Ray, said in the log and console."""
-    import ray
-
+def reconcile_levels(result: TrainingResult, config: JobConfig, on_ray: bool = True) -> None:
+    """``reconciliation.reconcile`` on the running Ray (or, ``on_ray`` false, on the
+    driver), said in the log and console."""
     from raybricks.reconciliation import reconcile
 
-    found = reconcile(result, config, int(ray.cluster_resources().get("CPU", 1)))
+    if on_ray:
+        import ray
+
+        cpus = int(ray.cluster_resources().get("CPU", 1))
+    found = reconcile(result, config, cpus if on_ray else 1, on_ray)
     log.info("%s", found.describe())
     console.say(found.describe())
 

@@ -88,13 +88,12 @@ def check_installed() -> None:
                           "pip install 'raybricks[hierarchy]'") from None
 
 
-def reconcile(result: TrainingResult, config: JobConfig, cpus: int) -> Reconciled:
-    """Reconcile a trained hierarchy on Ray (``cpus``: the cluster's); the shifts land in
-    the run (``shifts-*.parquet``), which packaging reads."""
-    import ray
-
+def reconcile(result: TrainingResult, config: JobConfig, cpus: int, on_ray: bool = True
+              ) -> Reconciled:
+    """Reconcile a trained hierarchy on Ray (``cpus``: the cluster's), or without Ray
+    (``on_ray`` false: the Spark executor) on the driver, batch after batch; the shifts
+    land in the run (``shifts-*.parquet``), which packaging reads."""
     from raybricks.packaging import package_result
-    from raybricks.training.remote import remote
 
     out = result.run_dir / RECONCILIATION
     shutil.rmtree(out, ignore_errors=True)
@@ -106,10 +105,17 @@ def reconcile(result: TrainingResult, config: JobConfig, cpus: int) -> Reconcile
                           list(result.segment_by))
     keys = pq.read_table(base / INDEX, columns=structure.segment_by)
     batches = subtree_batches(keys, levels.subtree_columns, cpus * TASKS_PER_CPU)
-    task = remote(reconcile_batch, num_cpus=1, max_retries=2)
-    done = ray.get([task.remote(str(base), batch, asdict(structure), str(out / f"shifts-{i:05d}"
-                                                                        ".parquet"))
-                    for i, batch in enumerate(batches)])
+    work = [(str(base), batch, asdict(structure), str(out / f"shifts-{i:05d}.parquet"))
+            for i, batch in enumerate(batches)]
+    if on_ray:
+        import ray
+
+        from raybricks.training.remote import remote
+
+        task = remote(reconcile_batch, num_cpus=1, max_retries=2)
+        done = ray.get([task.remote(*arguments) for arguments in work])
+    else:
+        done = [reconcile_batch(*arguments) for arguments in work]
     shutil.rmtree(base)
     found = Reconciled()
     for part in done:

@@ -94,14 +94,16 @@ def is_spark_connect(spark: object) -> bool:
     return type(spark).__module__.startswith("pyspark.sql.connect")
 
 
-def require_spark_context(spark: object, what: str) -> None:
-    """Refuse a Spark Connect session for ``what`` with the reason and the way out."""
+def require_spark_context(spark: object, what: str, otherwise: str = "") -> None:
+    """Refuse a Spark Connect session for ``what`` with the reason and the way out
+    (``otherwise``: another way, said last)."""
     if is_spark_connect(spark):
         raise SetupError(
             f"{what} needs a classic Spark session with a SparkContext, and this one is "
             "Spark Connect (Databricks standard access mode, serverless compute, or "
             "SPARK_REMOTE): Ray on Spark starts its nodes through the SparkContext. Run on "
             "a cluster in dedicated (single user) access mode, or unset SPARK_REMOTE"
+            + (f", {otherwise}" if otherwise else "")
         )
 
 

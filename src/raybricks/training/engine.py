@@ -27,11 +27,7 @@ fit was stuck in (Python or native code).
 from __future__ import annotations
 
 import collections
-import contextlib
-import functools
 import logging
-import os
-import threading
 import time
 import uuid
 from collections.abc import Iterable, Sequence
@@ -44,9 +40,8 @@ import pandas as pd
 import pyarrow as pa
 
 from raybricks import console
-from raybricks.compat import thread_limiter
 from raybricks.config import JobConfig
-from raybricks.data import BlockSegments, SegmentedDataset, segment_bounds
+from raybricks.data import BlockSegments, SegmentedDataset
 from raybricks.errors import ConfigError, DataLostError
 from raybricks.results import (
     FAILED,
@@ -58,12 +53,20 @@ from raybricks.results import (
     read_parts,
 )
 from raybricks.segmented_model import KeyIndex
+from raybricks.training.blocks import Blocks, RayBlocks
+from raybricks.training.on_spark import SparkSegments, train_on_spark
+from raybricks.training.packed import (
+    TimeoutBoard,
+    Watch,
+    evaluate_block,
+    is_large,
+    train_block,
+)
 from raybricks.training.plan import (
     GivenGlobal,
     Plan,
     needs_gpus,
     replace_plan,
-    segment_rows,
     stable_seed,
 )
 from raybricks.training.remote import remote
@@ -77,178 +80,6 @@ from raybricks.training.selection import (
 from raybricks.training.tasks import Task, task_of
 
 log = logging.getLogger(__name__)
-
-
-# --------------------------------------------------------------------------- tasks
-
-
-def train_block(
-    block: pa.Table, task: Task, plan: Plan, only: frozenset | None = None,
-    watch: Watch | None = None, rows: tuple[int, int] | None = None,
-    elsewhere: list | None = None,
-) -> Outcome:
-    """Ray task body: train the segments of one block (``only``: just these segments;
-    ``rows``: only the segments in this row range of the block). ``watch``: stop the
-    worker when a segment runs past its time limit (segments that already timed out are
-    left out). ``elsewhere``: [a reference to the evaluations of the GPU candidates, made
-    by ``evaluate_block`` on a task that holds GPUs]: this task evaluates the others,
-    then gathers those and selects."""
-    frame, todo = block_todo(block, plan, only, watch, rows)
-    results, members = [], []
-    with limit_threads(task, plan), SegmentWatchdog(watch) as watchdog:
-        found = None
-        if elsewhere is not None:
-            here = [c.name for c in plan.candidates if not needs_gpus(c)]
-            found = [evaluate_each(task.evaluator(frame, todo, plan, here, False), todo,
-                                   watchdog)]
-            import ray
-
-            found.append(ray.get(elsewhere[0]))  # a lost GPU task fails this one too
-            late = watch.timed_out() if watch is not None else set()  # on the GPU task
-            todo = [item for item in todo if item[0] not in late]
-        train = task.trainer(frame, todo, plan, found)
-        for key, start, end in todo:
-            watchdog.started(key)
-            row, segment_members = train(key, start, end)
-            watchdog.started(None)
-            results.append(row)
-            members.extend(keyed_members(plan, key, segment_members))
-    return Outcome.of(results_table(results, plan), members_table(members, plan))
-
-
-def evaluate_block(
-    block: pa.Table, task: Task, plan: Plan, only: frozenset | None = None,
-    watch: Watch | None = None, rows: tuple[int, int] | None = None,
-) -> dict[tuple, Any]:
-    """Ray task body, on a task that holds GPUs: the GPU candidates evaluated on each
-    segment of the block (as ``train_block`` takes them: its ``elsewhere``)."""
-    frame, todo = block_todo(block, plan, only, watch, rows)
-    with limit_threads(task, plan), SegmentWatchdog(watch) as watchdog:
-        names = [c.name for c in plan.candidates if needs_gpus(c)]
-        return evaluate_each(task.evaluator(frame, todo, plan, names, True), todo, watchdog)
-
-
-def block_todo(block: pa.Table, plan: Plan, only: frozenset | None, watch: Watch | None,
-               rows: tuple[int, int] | None) -> tuple[pd.DataFrame, list]:
-    """The plan's columns of a block (or its ``rows``) and the segments a task trains:
-    (key, start, end) of those in ``only``, not large, not timed out before."""
-    if rows is not None:
-        block = block.slice(rows[0], rows[1] - rows[0])
-    skip = watch.timed_out() if watch is not None else set()
-    frame = block.select(plan.columns).to_pandas()
-    todo = [(key, start, end) for key, start, end in segment_bounds(block, plan.segment_by)
-            if key not in skip and (only is None or key in only)
-            and not is_large(end - start, plan)]
-    return frame, todo
-
-
-def evaluate_each(evaluate: Any, todo: list, watchdog: SegmentWatchdog) -> dict[tuple, Any]:
-    """A task's evaluator run on every segment to train, each under the watchdog."""
-    found = {}
-    for key, start, end in todo:
-        watchdog.started(key)
-        found[key] = evaluate(key, start, end)
-        watchdog.started(None)
-    return found
-
-
-def warm_up(task: Task, plan: Plan) -> None:
-    """Import the candidates' libraries and user code before any clock starts: a fresh
-    worker's imports are not part of a segment's fit time."""
-    for candidate in plan.candidates:
-        task.kind(candidate).warm_up()
-
-
-def limit_threads(task: Task, plan: Plan) -> contextlib.AbstractContextManager:
-    """Cap BLAS/OpenMP threads at ``plan.threads`` while a task trains. The candidates'
-    libraries are imported first, so threadpoolctl sees them; its scan of the loaded
-    libraries (a few milliseconds) is made once per worker and candidate set."""
-    warm_up(task, plan)
-    candidates = tuple((c.kind, c.estimator, c.function) for c in plan.candidates)
-    return _thread_limiter(candidates, bool(plan.categorical))(plan.threads)
-
-
-@functools.cache
-def _thread_limiter(candidates: tuple, categorical: bool):
-    return thread_limiter()
-
-
-class TimeoutBoard:
-    """Ray actor: the segments whose fit ran past ``training.segment_timeout_s``."""
-
-    def __init__(self) -> None:
-        self.keys: dict[tuple, float] = {}
-
-    def report(self, key: tuple, seconds: float) -> None:
-        self.keys[key] = seconds
-
-    def timed_out(self) -> dict[tuple, float]:
-        return self.keys
-
-
-@dataclass
-class Watch:
-    """What a task's watchdog needs: the time limit and the board to report to."""
-
-    timeout_s: float
-    board: Any  # a TimeoutBoard actor handle
-
-    def timed_out(self) -> set[tuple]:
-        import ray
-
-        return set(ray.get(self.board.timed_out.remote()))
-
-
-class SegmentWatchdog:
-    """Inside a task: a thread that, when the current segment runs past the limit,
-    reports it to the board and ends the worker process (the only way to stop a fit
-    stuck in native code). Ray then retries the task, which skips that segment."""
-
-    def __init__(self, watch: Watch | None) -> None:
-        self.watch = watch
-        self.lock = threading.Lock()
-        self.key: tuple | None = None
-        self.since = 0.0
-        self.stop = threading.Event()
-
-    def __enter__(self) -> SegmentWatchdog:
-        if self.watch is not None:
-            threading.Thread(target=self._run, daemon=True, name="segment-watchdog").start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop.set()
-
-    def started(self, key: tuple | None) -> None:
-        """The segment now being trained (None: between segments)."""
-        if self.watch is not None:
-            with self.lock:
-                self.key, self.since = key, time.monotonic()
-
-    def _run(self) -> None:
-        import ray
-
-        limit = self.watch.timeout_s
-        while not self.stop.wait(min(1.0, limit / 4)):
-            with self.lock:  # held to the end: the task cannot move to the next segment
-                elapsed = time.monotonic() - self.since
-                if self.key is None or elapsed <= limit or self.stop.is_set():
-                    continue
-                log.error("segment %s still fitting after %.1fs: stopping its worker",
-                          self.key, elapsed)
-                try:
-                    ray.get(self.watch.board.report.remote(self.key, elapsed), timeout=60)
-                finally:
-                    os._exit(TIMEOUT_EXIT_CODE)
-
-
-TIMEOUT_EXIT_CODE = 75
-
-
-def is_large(rows: int | np.ndarray, plan: Plan) -> bool | np.ndarray:
-    """Segments above the threshold are trained data-parallel with Ray Train (``rows``:
-    one segment's, or an array of them for a mask)."""
-    return (plan.large_segment_rows > 0) & (rows > plan.large_segment_rows)
 
 
 @dataclass(frozen=True)
@@ -351,18 +182,20 @@ def with_run_id(config: JobConfig) -> JobConfig:
 
 
 def train_segments(
-    segmented: SegmentedDataset, config: JobConfig, *, progress: bool | None = None,
-    absent: Sequence[tuple[tuple, str]] = (), given_global: GivenGlobal | None = None,
+    segmented: SegmentedDataset | SparkSegments, config: JobConfig, *,
+    progress: bool | None = None, absent: Sequence[tuple[tuple, str]] = (),
+    given_global: GivenGlobal | None = None,
     file_notes: dict[tuple, tuple[int, str]] | None = None,
+    total: int | None = None,
 ) -> TrainingResult:
-    """Train every segment of a segment-aligned dataset as the job config says.
-    ``absent``: segments of the source without rows (files that gave none), recorded as
-    skipped with their reason; ``file_notes`` (files as segments): each segment's
-    skipped files, counted and named in its result row; ``given_global``: the global
-    model kept from the champion or fitted on the whole source's blocks (a retrain of
-    some segments)."""
-    import ray
-
+    """Train every segment of a segment-aligned dataset as the job config says: Ray
+    blocks (``SegmentedDataset``) on Ray, a Spark source (``on_spark.SparkSegments``)
+    in Spark's tasks. ``absent``: segments of the source without rows (files that gave
+    none), recorded as skipped with their reason; ``file_notes`` (files as segments):
+    each segment's skipped files, counted and named in its result row; ``given_global``:
+    the global model kept from the champion or fitted on the whole source's blocks (a
+    retrain of some segments); ``total``: the source's segments, if known (Spark's
+    progress bar)."""
     start = time.perf_counter()
     config = with_run_id(config)
     run_id = str(config.training.run_id)
@@ -374,11 +207,15 @@ def train_segments(
         )
     threads = max(int(max(c.resources.num_cpus for c in config.models)), 1)
     task = task_of(config)
-    refs = segmented.block_refs()
+    on_ray = isinstance(segmented, SegmentedDataset)
+    blocks = (RayBlocks(segmented.block_refs(), segmented.segment_by, segmented.segments)
+              if on_ray else segmented.blocks())
     plan = task.plan(config, segmented.schema, threads)
+    if not on_ray:  # no Ray Train: a large segment trains in one task, with its threads
+        plan = replace_plan(plan, large_segment_rows=0)
     if file_notes is not None:
         plan = replace_plan(plan, file_notes=file_notes)
-    shared = task.share(refs, plan, config, segmented.num_rows, given_global)
+    shared = task.share(blocks, plan, config, segmented.num_rows, given_global)
     plan = shared.plan
     if absent:
         keys, reasons = zip(*absent, strict=True)
@@ -386,6 +223,43 @@ def train_segments(
             run_dir, "part-absent")
     previous = read_parts(run_dir / "results", plan.segment_by) if config.training.resume \
         else pa.table({})
+    if on_ray:
+        _train_on_ray(segmented, task, plan, config, run_dir, previous, progress)
+    else:
+        train_on_spark(segmented, task, plan, config, run_dir, previous, total, progress)
+    try:
+        fallback = shared.fallback(run_dir)
+        example = input_example(blocks, first_trained(run_dir, plan.segment_by), task, plan,
+                                segmented.schema)
+    except Exception as exc:
+        if not on_ray or not _ray_error(exc) or not any(blocks_lost(blocks.refs)):
+            raise
+        raise data_lost(run_id, run_dir, 0, sum(len(b) for b in segmented.segments)
+                        ) from None
+    result = TrainingResult(run_id, run_dir, plan.segment_by, plan.metric, fallback,
+                            time.perf_counter() - start, task=plan.task,
+                            features=plan.features, example=example,
+                            forecast=task.manifest(plan, segmented.schema),
+                            target=plan.target, time_column=plan.time_column,
+                            global_id=shared.global_id)
+    log.info("%s", result.summary())
+    return result
+
+
+def _ray_error(exc: Exception) -> bool:
+    import ray
+
+    return isinstance(exc, ray.exceptions.RayError)
+
+
+def _train_on_ray(segmented: SegmentedDataset, task: Task, plan: Plan, config: JobConfig,
+                  run_dir: Path, previous: pa.Table, progress: bool | None) -> None:
+    """The Ray executor: packed tasks (or, for fewer segments than CPUs, the spread
+    path), then the large segments with Ray Train."""
+    import ray
+
+    run_id = str(config.training.run_id)
+    refs = segmented.block_refs()
     bounds = segmented.segments
     todo, large, done = segment_masks(bounds, plan, previous)
     n_todo = sum(int(t.sum()) for t in todo)
@@ -413,22 +287,6 @@ def train_segments(
     if n_large:
         task.train_large(refs, [b.key_tuples(x) for b, x in zip(bounds, large, strict=True)],
                          plan, config, run_dir)
-    try:
-        fallback = shared.fallback(run_dir)
-        example = input_example(refs, bounds, first_trained(run_dir, plan.segment_by), task,
-                                plan, segmented.schema)
-    except ray.exceptions.RayError:
-        if not any(blocks_lost(refs)):
-            raise
-        raise data_lost(run_id, run_dir, 0, sum(len(b) for b in bounds)) from None
-    result = TrainingResult(run_id, run_dir, plan.segment_by, plan.metric, fallback,
-                            time.perf_counter() - start, task=plan.task,
-                            features=plan.features, example=example,
-                            forecast=task.manifest(plan, segmented.schema),
-                            target=plan.target, time_column=plan.time_column,
-                            global_id=shared.global_id)
-    log.info("%s", result.summary())
-    return result
 
 
 def first_trained(run_dir: Path, segment_by: list[str]) -> tuple | None:
@@ -444,20 +302,17 @@ def first_trained(run_dir: Path, segment_by: list[str]) -> tuple | None:
     return None
 
 
-def input_example(refs, bounds, wanted: tuple | None, task: Task, plan: Plan,
+def input_example(blocks: Blocks, wanted: tuple | None, task: Task, plan: Plan,
                   schema: pa.Schema) -> pd.DataFrame | None:
     """The task's input example (``Task.example``) from the rows of a trained segment, if
-    any (else of the first segment); integer features as pandas
-    ``Int64``, which keeps them integers where a value is missing."""
-    import ray
-
-    for ref, block in zip(refs, bounds, strict=True):
-        if len(block) and (wanted is None or wanted in block):
-            key = wanted if wanted is not None else block.key_tuples(slice(0, 1))[0]
-            rows = task.example(segment_rows(ray.get(ref), plan, key), plan)
-            return rows.astype({field.name: "Int64" for field in schema
-                                if field.name in plan.features and pa.types.is_integer(field.type)})
-    return None
+    any (else of any segment); integer features as pandas ``Int64``, which keeps them
+    integers where a value is missing."""
+    found = blocks.rows(wanted)
+    if found is None:
+        return None
+    rows = task.example(found.select(plan.columns).to_pandas(), plan)
+    return rows.astype({field.name: "Int64" for field in schema
+                        if field.name in plan.features and pa.types.is_integer(field.type)})
 
 
 def _run_packed(refs, bounds: list[BlockSegments], chunks: list[Chunk], slots: int,

@@ -149,11 +149,12 @@ class Shared:
 class GivenGlobal:
     """A global model a job does not fit from the rows it trains (a retrain of some
     segments, ``global_model``): the champion's, kept (``members``, named ``name``), or
-    one fitted on the whole source's blocks (``refs``, ``num_rows`` rows)."""
+    one fitted on the whole source's blocks (``blocks``: ``blocks.Blocks``, ``num_rows``
+    rows)."""
 
     name: str | None = None
     members: list[dict[str, Any]] | None = None
-    refs: list | None = None
+    blocks: Any = None
     num_rows: int = 0
 
     @property

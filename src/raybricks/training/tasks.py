@@ -18,6 +18,7 @@ import pyarrow as pa
 
 from raybricks.config import CandidateConfig, JobConfig
 from raybricks.kinds import StoredKind
+from raybricks.training.blocks import Blocks
 from raybricks.training.forecast.task import FORECAST
 from raybricks.training.plan import GivenGlobal, Plan, SegmentTrainer, Shared
 from raybricks.training.tabular.task import TABLE
@@ -40,10 +41,11 @@ class Task(Protocol):
     def kind(self, candidate: CandidateConfig) -> StoredKind:
         """The model kind that fits ``candidate`` in this task."""
 
-    def share(self, refs: list, plan: Plan, config: JobConfig, num_rows: int,
+    def share(self, blocks: Blocks, plan: Plan, config: JobConfig, num_rows: int,
               given: GivenGlobal | None = None) -> Shared:
-        """On the driver, before any segment trains: what every segment shares
-        (``given``: the global model kept from the champion or fitted on other blocks)."""
+        """On the driver, before any segment trains: what every segment shares, from the
+        job's ``blocks`` (Ray's or Spark's: ``blocks.Blocks``; ``given``: the global
+        model kept from the champion or fitted on other blocks)."""
 
     def trainer(self, frame: pd.DataFrame, todo: list[tuple[tuple, int, int]],
                 plan: Plan, found: list[dict] | None = None) -> SegmentTrainer:
@@ -60,8 +62,8 @@ class Task(Protocol):
 
     def train_large(self, refs: list, keys: list[list[tuple]], plan: Plan,
                     config: JobConfig, run_dir: Path) -> None:
-        """Train the segments above ``training.large_segment_rows`` (``keys``: per block),
-        writing their results into the run."""
+        """Train the segments above ``training.large_segment_rows`` (``keys``: per Ray
+        block, ``refs``: the blocks), writing their results into the run (Ray only)."""
 
     def spread_functions(self) -> tuple[Callable, Callable, Callable]:
         """The Ray task bodies of the spread path: prepare one segment, evaluate one

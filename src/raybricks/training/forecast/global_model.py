@@ -40,14 +40,13 @@ def global_candidate(config: JobConfig) -> CandidateConfig:
                 if issubclass(kinds.forecaster_kind(model.kind), LagsKind))
 
 
-def series_rows(block: pa.Table, plan: Plan, fraction: float, seed: int, number: int
-                ) -> pd.DataFrame:
-    """Ray task body: a seeded share (``fraction``) of the block's series, cleaned as
-    their own training cleans them (series it skips are left out), with their static
-    values and an id unique in the job (``number``: the block's)."""
+def series_rows(block: pa.Table, index: int, plan: Plan, fraction: float) -> pd.DataFrame:
+    """A task's body (``Blocks.map``): a seeded share (``fraction``) of the block's
+    series, cleaned as their own training cleans them (series it skips are left out),
+    with their static values and an id unique in the job (``index``: the block's)."""
 
     frame = block.select(plan.columns).to_pandas()
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(plan.seed + index)
     parts = []
     for position, (_, start, end) in enumerate(segment_bounds(block, plan.segment_by)):
         if rng.random() >= fraction:
@@ -56,7 +55,7 @@ def series_rows(block: pa.Table, plan: Plan, fraction: float, seed: int, number:
             series = clean_series(frame.iloc[start:end], plan)
         except Exception:  # noqa: BLE001 - skipped (or failing) series teach nothing
             continue
-        parts.append(series.history().assign(**{ID: f"{number}/{position}"}))
+        parts.append(series.history().assign(**{ID: f"{index}/{position}"}))
     return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
 
 

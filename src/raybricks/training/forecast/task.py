@@ -23,6 +23,7 @@ from raybricks.errors import DataError
 from raybricks.kinds import ForecastKind
 from raybricks.kinds.forecasting import future_times, times_of
 from raybricks.results import FAILED, TRAINED, keep_fallback
+from raybricks.training.blocks import Blocks
 from raybricks.training.forecast import global_model
 from raybricks.training.forecast.backtest import baselines, block_made, train_series
 from raybricks.training.forecast.global_model import GLOBAL_ROWS
@@ -36,7 +37,6 @@ from raybricks.training.plan import (
     replace_plan,
     shrink_of,
 )
-from raybricks.training.remote import remote
 
 log = logging.getLogger(__name__)
 
@@ -86,34 +86,29 @@ def forecast_plan(config: JobConfig, schema: pa.Schema, threads: int) -> Plan:
     )
 
 
-def block_end(block: pa.Table, column: str) -> Any:
-    """Ray task body: the latest value of a block's time column, as pandas reads it."""
+def block_end(block: pa.Table, index: int, column: str) -> Any:
+    """A task's body (``Blocks.map``): the latest value of a block's time column, as
+    pandas reads it."""
     import pyarrow.compute as pc
 
     return pc.max(block.column(column)).as_py()
 
 
-def series_end(refs, time_column: str) -> Any:
+def series_end(blocks: Blocks, time_column: str) -> Any:
     """The latest period of the whole dataset (the end of the longest series)."""
-    import ray
-
-    ends = [e for e in ray.get([remote(block_end).remote(ref, time_column) for ref in refs])
-            if e is not None]
+    ends = [e for e in blocks.get(blocks.map(block_end, time_column)) if e is not None]
     return str(max(ends)) if ends and not isinstance(ends[0], int) else max(ends, default=None)
 
 
-def fit_global_models(refs, plan: Plan, config: JobConfig, num_rows: int
+def fit_global_models(blocks: Blocks, plan: Plan, config: JobConfig, num_rows: int
                             ) -> tuple[list[list[dict]], str | None]:
     """Task forecast: the global model of every backtest window (what each series'
     backtest compares) and over whole series (the fallback, last), from the series of
     every block (sampled to about GLOBAL_ROWS rows); or no models and why."""
-    import ray
-
     fraction = min(1.0, GLOBAL_ROWS / max(num_rows, 1))
-    gather = remote(global_model.series_rows)
-    parts = [gather.remote(ref, plan, fraction, plan.seed + i, i) for i, ref in enumerate(refs)]
-    fit = remote(global_model.fit_global, num_cpus=plan.threads)
-    return ray.get(fit.remote(global_model.global_candidate(config), plan, *parts))
+    parts = blocks.map(global_model.series_rows, plan, fraction)
+    return blocks.get([blocks.call(global_model.fit_global, global_model.global_candidate(config),
+                                   plan, *parts, num_cpus=plan.threads)])[0]
 
 
 def forecast_manifest(plan: Plan, schema: pa.Schema) -> dict[str, Any] | None:
@@ -155,7 +150,7 @@ class ForecastTask:
     def kind(self, candidate: CandidateConfig) -> ForecastKind:
         return kinds.forecaster(candidate)
 
-    def share(self, refs: list, plan: Plan, config: JobConfig, num_rows: int,
+    def share(self, blocks: Blocks, plan: Plan, config: JobConfig, num_rows: int,
               given: GivenGlobal | None = None) -> Shared:
         """The latest period of any series (series ending before it are noted) and, with
         ``fallback: global``, the global model of every backtest window, which competes
@@ -163,14 +158,14 @@ class ForecastTask:
         global model, kept (it competes in every window and is the fallback), or the
         whole source's blocks the global models learn from."""
         plan = replace_plan(plan, forecast=replace(plan.forecast,
-                                                   end=series_end(refs, plan.time_column)))
+                                                   end=series_end(blocks, plan.time_column)))
         if config.fallback != "global":
             return Shared(plan, lambda run_dir: None)
         if given is not None and given.kept:
             return given.shared(plan, plan.forecast.windows)
-        if given is not None and given.refs is not None:
-            refs, num_rows = given.refs, given.num_rows
-        models, error = fit_global_models(refs, plan, config, num_rows)
+        if given is not None and given.blocks is not None:
+            blocks, num_rows = given.blocks, given.num_rows
+        models, error = fit_global_models(blocks, plan, config, num_rows)
         if error is not None:
             log.warning("the global model was not trained (%s): every series trains "
                         "without it", error)

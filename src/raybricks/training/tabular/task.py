@@ -23,6 +23,7 @@ from raybricks.errors import DataError
 from raybricks.kinds import ModelKind
 from raybricks.results import keep_fallback
 from raybricks.training import recipe
+from raybricks.training.blocks import Blocks
 from raybricks.training.plan import (
     GivenGlobal,
     Plan,
@@ -33,7 +34,6 @@ from raybricks.training.plan import (
     segment_rows,
     shrink_of,
 )
-from raybricks.training.remote import remote
 from raybricks.training.selection import Evaluation, SegmentResult
 from raybricks.training.tabular import segment as seg
 from raybricks.training.tabular.large import train_large_segments
@@ -141,21 +141,23 @@ def global_plan(plan: Plan, config: JobConfig) -> Plan:
 FALLBACK_ROWS = 1_000_000
 
 
-def sample_block(block: pa.Table, fraction: float, seed: int, columns: list[str]) -> pa.Table:
-    """A seeded random share of a block's rows (for the global fallback model)."""
+def sample_block(block: pa.Table, index: int, fraction: float, seed: int, columns: list[str]
+                 ) -> pa.Table:
+    """A seeded random share of a block's rows (for the global fallback model; ``seed``
+    and the block's ``index`` seed it)."""
     block = block.select(columns)
     if fraction >= 1:
         return block
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(seed + index)
     return block.take(np.flatnonzero(rng.random(block.num_rows) < fraction))
 
 
-def global_training_rows(block: pa.Table, plan: Plan, fraction: float, seed: int,
+def global_training_rows(block: pa.Table, index: int, plan: Plan, fraction: float,
                          splits: int) -> pa.Table | list[pa.Table]:
-    """Ray task body: per split number, a seeded share of the training rows of that split
-    of every segment of the block (the rows of segments that cannot be trained, whole):
-    what the global models compared with the local ones may learn from (one table for a
-    single split, as Ray's ``num_returns=1`` returns it)."""
+    """A task's body (``Blocks.map``): per split number, a seeded share of the training
+    rows of that split of every segment of the block (the rows of segments that cannot
+    be trained, whole): what the global models compared with the local ones may learn
+    from (one table for a single split, as Ray's ``num_returns=1`` returns it)."""
     block = block.select(plan.columns)
     columns = seg.columns_of(block.to_pandas(), plan)
     picks: list[list[np.ndarray]] = [[] for _ in range(splits)]
@@ -169,7 +171,7 @@ def global_training_rows(block: pa.Table, plan: Plan, fraction: float, seed: int
         positions = (np.arange(prep.n_rows) if prep.positions is None else prep.positions)
         for number, (train, _) in enumerate(prep.splits[:splits]):
             picks[number].append(start + positions[train])
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(plan.seed + index)
     tables = []
     for pick in picks:
         rows = np.concatenate(pick) if pick else np.array([], dtype=np.int64)
@@ -296,36 +298,29 @@ def finish_evaluated(columns: seg.Columns, plan: Plan, found: list[dict[tuple, E
     return train
 
 
-def split_global_models(refs, plan: Plan, whole: Plan, num_rows: int
+def split_global_models(blocks: Blocks, plan: Plan, whole: Plan, num_rows: int
                          ) -> list[list[dict]]:
     """The global model of each split number, each trained on the training rows of that
     split of every segment (sampled to at most FALLBACK_ROWS): what every segment's
     local models compete with on its validation rows."""
-    import ray
-
     splits = plan.folds if plan.method == "kfold" else 1
     fraction = min(1.0, FALLBACK_ROWS / max(num_rows, 1))
-    gather = remote(global_training_rows, num_returns=splits)
-    parts = [gather.remote(ref, plan, fraction, plan.seed + i, splits)
-             for i, ref in enumerate(refs)]
+    parts = blocks.map(global_training_rows, plan, fraction, splits, returns=splits)
     if splits == 1:
         parts = [[part] for part in parts]
-    fits = [remote(train_fallback).remote(whole, *[part[n] for part in parts])
+    fits = [blocks.call(train_fallback, whole, *[part[n] for part in parts])
             for n in range(splits)]
-    return [members for _, members in ray.get(fits)]
+    return [members for _, members in blocks.get(fits)]
 
 
-def run_fallback(refs, whole: Plan, config: JobConfig, num_rows: int, run_dir: Path):
+def run_fallback(blocks: Blocks, whole: Plan, config: JobConfig, num_rows: int,
+                 run_dir: Path):
     """The global model over all rows (sampled to at most FALLBACK_ROWS), if asked for."""
-    import ray
-
     if config.fallback != "global":
         return None
     fraction = min(1.0, FALLBACK_ROWS / max(num_rows, 1))
-    sampler = remote(sample_block)
-    samples = [sampler.remote(ref, fraction, whole.seed + i, whole.columns)
-               for i, ref in enumerate(refs)]
-    row, members = ray.get(remote(train_fallback).remote(whole, *samples))
+    samples = blocks.map(sample_block, fraction, whole.seed, whole.columns)
+    [(row, members)] = blocks.get([blocks.call(train_fallback, whole, *samples)])
     return keep_fallback(run_dir, {k: v for k, v in row.as_row(whole).items()
                                     if k not in whole.segment_by}, members)
 
@@ -342,7 +337,7 @@ class TableTask:
     def kind(self, candidate: CandidateConfig) -> ModelKind:
         return kinds.of(candidate)
 
-    def share(self, refs: list, plan: Plan, config: JobConfig, num_rows: int,
+    def share(self, blocks: Blocks, plan: Plan, config: JobConfig, num_rows: int,
               given: GivenGlobal | None = None) -> Shared:
         """With ``selection: all`` and ``fallback: global``, the global model of every
         split competes in every segment; the fallback is trained after the segments.
@@ -352,14 +347,14 @@ class TableTask:
         if config.fallback == "global" and given is not None and given.kept:
             splits = plan.folds if plan.method == "kfold" else 1
             return given.shared(plan, splits if config.selection == "all" else 0)
-        if given is not None and given.refs is not None:
-            refs, num_rows = given.refs, given.num_rows
+        if given is not None and given.blocks is not None:
+            blocks, num_rows = given.blocks, given.num_rows
         if config.fallback == "global" and config.selection == "all":
-            members = split_global_models(refs, plan, whole, num_rows)
+            members = split_global_models(blocks, plan, whole, num_rows)
             if all(members):  # every split's global model trained
                 plan = replace_plan(plan, global_members=members,
                                     global_token=uuid.uuid4().hex)
-        return Shared(plan, lambda run_dir: run_fallback(refs, whole, config, num_rows,
+        return Shared(plan, lambda run_dir: run_fallback(blocks, whole, config, num_rows,
                                                          run_dir))
 
     def trainer(self, frame: pd.DataFrame, todo: list, plan: Plan,

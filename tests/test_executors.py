@@ -1,0 +1,132 @@
+"""The Spark executor (``training.executor: spark``) against the Ray executor on the same
+jobs: the same statuses, chosen candidates, validation metrics and predictions from the
+registry, with the defaults users get (``fallback: global``, the default shrink); runs
+cut by bytes never split a segment; ``auto``'s rule.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from raybricks import scoring, tracking
+from raybricks.config import JobConfig
+from raybricks.data import to_ray_dataset
+from raybricks.errors import ConfigError
+from raybricks.pipeline import AUTO_SPARK_MAX_ROWS, choose_executor
+from raybricks.training import train_segments
+from raybricks.training.on_spark import spark_segments
+from tests import helpers
+from tests.test_forecast import MODELS as FORECAST_MODELS
+from tests.test_forecast import forecast_job, stores
+from tests.test_training import CANDIDATES, job
+
+#: What both executors must agree on, per segment.
+SAME = ["status", "reason", "n_rows", "n_valid", "chosen"]
+
+
+def by_key(result, keys: list[str]) -> pd.DataFrame:
+    return result.segments.sort_values(keys).set_index(keys)
+
+
+def both(spark, frame: pd.DataFrame, config: JobConfig, keys: list[str]):
+    """The job trained on Ray's blocks and in Spark's tasks (its own run each)."""
+    df = spark.createDataFrame(frame)
+    on_ray = train_segments(to_ray_dataset(df, keys), config)
+    on_spark = train_segments(spark_segments(df, keys, len(frame), spark),
+                              config.model_copy(update={"training": config.training.model_copy(
+                                  update={"run_id": None})}))
+    return on_ray, on_spark
+
+
+def assert_same(on_ray, on_spark, keys: list[str], metric: str) -> None:
+    ray_rows, spark_rows = by_key(on_ray, keys), by_key(on_spark, keys)
+    assert list(ray_rows.index) == list(spark_rows.index)
+    pd.testing.assert_frame_equal(ray_rows[SAME], spark_rows[SAME])
+    np.testing.assert_allclose(ray_rows[f"metric_{metric}"].to_numpy(dtype=float),
+                               spark_rows[f"metric_{metric}"].to_numpy(dtype=float),
+                               rtol=1e-6, equal_nan=True)
+
+
+@pytest.mark.topology
+def test_the_spark_executor_trains_what_the_ray_executor_trains(ray_on_spark, spark,
+                                                               tmp_path):
+    """Tabular, time-ordered validation, fallback global, the default selection and
+    shrink: same rows, same choices and metrics; the registered models predict alike,
+    the global fallback included (an unknown store)."""
+    config = job(tmp_path, models=[CANDIDATES[0], {**CANDIDATES[1], "trials": 1}],
+                 fallback="global", registry={"name": "tests.executors.shops",
+                                              "promote": "always"})
+    on_ray, on_spark = both(spark, helpers.shops(), config, ["store"])
+    assert on_spark.counts() == on_ray.counts() == {"trained": 8, "skipped": 3, "failed": 0}
+    assert_same(on_ray, on_spark, ["store"], "rmse")
+    frame = helpers.shops(seed=3).drop(columns=["y"])
+    frame.loc[frame.index[:5], "store"] = "brand-new"
+    frame["row_id"] = np.arange(len(frame))
+    predictions = []
+    for result in (on_ray, on_spark):
+        published = tracking.publish(result, config)
+        model = f"models:/{published.name}/{published.version}"
+        scored = scoring.score(model, spark.createDataFrame(frame), spark=spark).toPandas()
+        predictions.append(scored.sort_values("row_id")["prediction"].to_numpy())
+    np.testing.assert_allclose(predictions[0], predictions[1], rtol=1e-6)
+    assert not np.isnan(predictions[1]).any()  # the global model serves brand-new
+
+
+def test_the_spark_executor_forecasts_what_the_ray_executor_forecasts(ray_on_spark, spark,
+                                                                     tmp_path):
+    config = forecast_job(tmp_path, models=FORECAST_MODELS[:2], fallback="global",
+                          forecast={"horizon": 7, "frequency": "D", "intervals": [80]})
+    on_ray, on_spark = both(spark, stores(), config, ["store"])
+    assert on_spark.counts() == on_ray.counts() and on_spark.counts()["trained"] > 0
+    assert_same(on_ray, on_spark, ["store"], config.metric)
+    assert on_spark.fallback and len(on_spark.fallback) == len(on_ray.fallback)
+
+
+def test_runs_cut_by_bytes_keep_every_segment_whole(spark, tmp_path, monkeypatch):
+    """Tiny runs and Arrow batches of 7 rows: segments straddle batches and runs end at
+    every few segments; each segment still trains once, on all its rows."""
+    from raybricks.training import on_spark
+
+    monkeypatch.setattr(on_spark, "RUN_BYTES", 2_000)
+    spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "7")
+    try:
+        config = job(tmp_path, models=CANDIDATES[:1])
+        frame = helpers.shops()
+        result = train_segments(spark_segments(spark.createDataFrame(frame), ["store"],
+                                               len(frame), spark), config)
+    finally:
+        spark.conf.unset("spark.sql.execution.arrow.maxRecordsPerBatch")
+    rows = by_key(result, ["store"])
+    assert rows.index.is_unique and len(rows) == frame.store.nunique()
+    expected = frame.groupby("store").size()
+    assert (rows["n_rows"] == expected.loc[rows.index]).all()
+    parts = list((result.run_dir / "results").glob("part-spark-*.parquet"))
+    assert len(parts) >= 4  # many runs, not one per partition
+
+
+class FakeSession:
+    """Stands in for a Spark Connect session where only its module is asked."""
+
+    __module__ = "pyspark.sql.connect.session"
+
+
+def test_auto_takes_spark_on_connect_and_for_small_jobs(spark, tmp_path):
+    config = job(tmp_path)
+    assert choose_executor(config, spark, 1_000)[0] == "spark"
+    executor, why = choose_executor(config, spark, AUTO_SPARK_MAX_ROWS + 1)
+    assert executor == "ray" and f"{AUTO_SPARK_MAX_ROWS:,}" in why
+    connect = FakeSession()
+    executor, why = choose_executor(config, connect, AUTO_SPARK_MAX_ROWS + 1)
+    assert executor == "spark" and "Spark Connect" in why
+    asked = job(tmp_path, training={"output_dir": str(tmp_path), "executor": "ray"})
+    assert choose_executor(asked, spark, 10)[0] == "ray"
+    address = job(tmp_path, cluster={"mode": "local", "num_cpus": 2})
+    assert choose_executor(address, spark, 10)[0] == "ray"
+    gpu = job(tmp_path, models=[{**CANDIDATES[2], "resources": {"num_gpus": 1}}])
+    assert choose_executor(gpu, spark, 10)[0] == "ray"
+    for session in (connect, spark):
+        with pytest.raises(ConfigError, match="ask for GPUs, which only the Ray executor"):
+            choose_executor(gpu.model_copy(update={"training": gpu.training.model_copy(
+                update={"executor": "spark"})}) if session is spark else gpu, session, 10)
