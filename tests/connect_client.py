@@ -2,8 +2,9 @@
 
     python tests/connect_client.py sc://HOST:PORT WORKDIR MODEL_URI FORECAST_URI
 
-Connects, then trains (refused), validates, scores and forecasts with raybricks' Python
-API; writes the outputs into WORKDIR and prints what it found as one JSON line.
+Connects, then trains (on the Spark executor; the Ray executor refused), validates,
+scores and forecasts with raybricks' Python API; writes the outputs into WORKDIR and
+prints what it found as one JSON line.
 """
 
 from __future__ import annotations
@@ -25,13 +26,21 @@ def main(url: str, work: Path, model: str, forecasts: str) -> dict:
     spark = SparkSession.builder.remote(url).getOrCreate()
     found: dict = {"session": type(spark).__module__, "remote": is_remote()}
     try:  # its source does not exist: reading it would fail otherwise
-        raybricks.train(JobConfig.load(work / "missing.yml"))
-        found["train"] = "trained"
+        raybricks.train(JobConfig.load(work / "missing.yml", ["training.executor=ray"]))
+        found["refused"] = "trained"
     except raybricks.SetupError as exc:
-        found["train"] = str(exc)
+        found["refused"] = str(exc)
+    report = raybricks.train(JobConfig.load(work / "job.yml"))  # auto: Spark's tasks
+    found["train"] = {"run_dir": str(report.result.run_dir), "counts": report.result.counts(),
+                      "model": f"models:/{report.publication.name}/"
+                               f"{report.publication.version}",
+                      "stages": list(report.timings)}
     found["ray"] = ray.is_initialized()
     found["validate"] = raybricks.validate(JobConfig.load(work / "job.yml")).source_columns
     frame = pd.read_parquet(work / "input.parquet")
+    trained = raybricks.score(found["train"]["model"], spark.createDataFrame(frame)).toPandas()
+    trained.attrs.clear()
+    trained.to_parquet(work / "trained.parquet")
     lazy = raybricks.score(model, spark.createDataFrame(frame))  # a Connect DataFrame
     scored = lazy.toPandas()
     scored.attrs.clear()  # Connect's query metrics, which Parquet metadata cannot hold

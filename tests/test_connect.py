@@ -2,8 +2,9 @@
 127.0.0.1 and clients in their own processes (a Connect session turns pyspark in its
 process to remote mode, which the suite's classic session must not meet).
 
-Training refuses Connect before it reads or starts anything; validation, scoring and
-forecasting run on it.
+Training runs on Connect with the Spark executor (``auto`` takes it there) and gives what
+the Ray executor gives; the Ray executor is refused before anything is read or started;
+validation, scoring and forecasting run on it too.
 """
 
 from __future__ import annotations
@@ -130,25 +131,32 @@ def models(ray_on_spark, spark, tmp_path_factory):
     result = train_segments(to_ray_dataset(spark.createDataFrame(helpers.shops()),
                                            ["store"]), shops)
     tracking.publish(result, shops)
+    on_ray = result.segments
     series = forecast_job(tmp_path_factory.mktemp("runs"), models=FORECAST_MODELS[:1],
                           registry={"name": FORECASTS, "promote": "always"},
                           forecast={"horizon": 7, "frequency": "D", "intervals": [80]})
     result = train_segments(to_ray_dataset(spark.createDataFrame(stores()), ["store"]),
                             series)
     tracking.publish(result, series)
-    return f"models:/{MODEL}@champion", f"models:/{FORECASTS}@champion"
+    return f"models:/{MODEL}@champion", f"models:/{FORECASTS}@champion", on_ray
 
 
 def job_yaml(path: Path, source: Path) -> Path:
+    """The job ``models`` trains on Ray (tests.test_training.job with its first
+    candidate, fallback global), as YAML over ``source``."""
     path.write_text(f"""
 source: {{path: "{source}", format: parquet}}
 segment_by: [store]
 target: y
 features: [x1, x2, color]
+time_column: day
+min_rows: 20
+fallback: global
 models:
-  - {{name: ridge, kind: sklearn, estimator: sklearn.linear_model.Ridge}}
+  - {{name: ridge, kind: sklearn, estimator: sklearn.linear_model.Ridge,
+      search: {{alpha: [0.1, 10.0]}}}}
 training: {{output_dir: "{path.parent / 'runs'}", progress: false}}
-registry: {{name: tests.connect.refused}}
+registry: {{name: tests.connect.trained, promote: always}}
 """)
     return path
 
@@ -169,11 +177,11 @@ def run_together(commands: dict[str, list[str]], cwd: Path, env: dict[str, dict[
 
 
 @pytest.mark.heavy
-def test_on_spark_connect_training_is_refused_and_scoring_runs(
+def test_on_spark_connect_training_scoring_and_forecasting_run(
         connect_server, models, spark, tmp_path):
     import mlflow
 
-    uri, forecasts = models
+    uri, forecasts, on_ray = models
     server = connect_server()
     frame = helpers.shops().sample(frac=1.0, random_state=5).drop(columns=["y"])
     frame = frame.assign(row_id=np.arange(len(frame)))
@@ -188,7 +196,7 @@ def test_on_spark_connect_training_is_refused_and_scoring_runs(
     ended = run_together({
         "api": [sys.executable, str(CLIENT), server, str(tmp_path), uri, forecasts],
         "train": [sys.executable, "-m", "raybricks.cli", "train", "--config",
-                  str(tmp_path / "missing.yml")],
+                  str(tmp_path / "missing.yml"), "--executor", "ray"],
         "score": [sys.executable, "-m", "raybricks.cli", "score", "--model", uri, "--input",
                   str(tmp_path / "input.parquet"), "--output", str(output)],
     }, tmp_path, {"train": remote, "score": remote})
@@ -196,13 +204,24 @@ def test_on_spark_connect_training_is_refused_and_scoring_runs(
     assert done.returncode == 0, done.stderr[-3000:]
     found = json.loads(done.stdout.splitlines()[-1])
     assert found["session"] == "pyspark.sql.connect.session" and found["remote"]
-    # training: refused at its checks, before it reads the (missing) source or starts Ray
-    assert REFUSED in found["train"] and "dedicated (single user) access mode" in found["train"]
-    assert not found["ray"]
+    # the Ray executor: refused at its checks, before it reads the (missing) source
+    assert REFUSED in found["refused"] and "--executor spark" in found["refused"]
+    # training on Spark's tasks: what the Ray executor trained on the same job, registered
+    assert not found["ray"] and "cluster" not in found["train"]["stages"]
+    assert found["train"]["counts"] == {"trained": 8, "skipped": 3, "failed": 0}
+    on_connect = pd.read_parquet(Path(found["train"]["run_dir"]) / "results").sort_values(
+        "store").set_index("store")
+    on_ray = on_ray.sort_values("store").set_index("store")
+    pd.testing.assert_series_equal(on_connect.status, on_ray.status)
+    assert on_connect.chosen.astype(str).tolist() == on_ray.chosen.astype(str).tolist()
+    np.testing.assert_allclose(on_connect.metric_rmse.to_numpy(float),
+                               on_ray.metric_rmse.to_numpy(float), rtol=1e-6, equal_nan=True)
     # validation reads the source over Connect
-    assert found["validate"] == ["store", "x1", "x2", "color", "y"]
+    assert found["validate"] == ["store", "x1", "x2", "color", "y", "day"]
     # scoring: what the classic path and MLflow's pyfunc predict
     expected = np.asarray(mlflow.pyfunc.load_model(uri).predict(frame))
+    trained = pd.read_parquet(tmp_path / "trained.parquet").sort_values("row_id")
+    np.testing.assert_allclose(trained.prediction.to_numpy(), expected, rtol=1e-6)
     scored = pd.read_parquet(tmp_path / "lazy.parquet").sort_values("row_id")
     np.testing.assert_allclose(scored.prediction.to_numpy(), expected, rtol=1e-9)
     assert (scored.segment_status == "unknown").sum() == 12
@@ -219,12 +238,12 @@ def test_on_spark_connect_training_is_refused_and_scoring_runs(
         np.testing.assert_allclose(on_connect[column].to_numpy(), classic[column].to_numpy(),
                                    rtol=1e-9)
 
-    # the commands, with SPARK_REMOTE naming the server: training refused, scoring runs
+    # the commands, with SPARK_REMOTE naming the server: the Ray executor refused, scoring runs
     refused = ended["train"]
     assert refused.returncode == 2, refused.stderr[-3000:]
     [message] = [line for line in refused.stderr.splitlines() if line.strip()
                  and not line.startswith("log: ")]
-    assert message.startswith("raybricks train: training ") and REFUSED in message
+    assert message.startswith("raybricks train: training.executor: ray") and REFUSED in message
     assert "Ray: start" not in refused.stdout  # the cluster stage never began
     scored = ended["score"]
     assert scored.returncode == 0, scored.stderr[-3000:]
