@@ -130,3 +130,37 @@ def test_auto_takes_spark_on_connect_and_for_small_jobs(spark, tmp_path):
         with pytest.raises(ConfigError, match="ask for GPUs, which only the Ray executor"):
             choose_executor(gpu.model_copy(update={"training": gpu.training.model_copy(
                 update={"executor": "spark"})}) if session is spark else gpu, session, 10)
+
+
+@pytest.mark.topology
+def test_on_the_spark_executor_faulty_segments_fail_alone(spark, tmp_path):
+    """With a time limit: a hung fit, a fit that kills its process, one out of memory
+    and one that raises each end ``failed`` with their reason; the rest of their run
+    trains. Without one: the segment that kills its process every time fails alone
+    once Spark gave up on its task."""
+    from tests import faults
+    from tests.test_reliability import fault_job, statuses
+
+    data = faults.stores({"hang": "hang", "kill": "kill", "memory": "memory",
+                          "raise": "raise"})
+    config = fault_job(tmp_path, training={"segment_timeout_s": 5, "executor": "spark"})
+    result = train_segments(spark_segments(spark.createDataFrame(data), ["store"],
+                                           len(data), spark), config)
+    rows = statuses(result)
+    assert list(rows.index) == ["hang", "kill", "memory", "raise", "s0", "s1", "s2", "s3"]
+    assert (rows.loc[["s0", "s1", "s2", "s3"], "status"] == "trained").all(), rows.reason
+    assert (rows.loc[["hang", "kill", "memory", "raise"], "status"] == "failed").all()
+    assert rows.loc["hang", "reason"].startswith("timed out: still fitting after")
+    assert "training.segment_timeout_s=5" in rows.loc["hang", "reason"]
+    assert rows.loc["kill", "reason"].startswith("worker lost: its process ended")
+    assert "SIGKILL" in rows.loc["kill", "reason"]
+    assert "MemoryError" in rows.loc["memory", "reason"]
+    assert "this segment's data breaks the model" in rows.loc["raise", "reason"]
+
+    data = faults.stores({"kill": "kill"})
+    config = fault_job(tmp_path / "again", training={"executor": "spark"})
+    result = train_segments(spark_segments(spark.createDataFrame(data), ["store"],
+                                           len(data), spark), config)
+    rows = statuses(result)
+    assert result.counts() == {"trained": 4, "skipped": 0, "failed": 1}
+    assert rows.loc["kill", "reason"].startswith("worker lost: its process ended")

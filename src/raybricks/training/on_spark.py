@@ -11,6 +11,15 @@ Spark's tasks finish (Spark Connect streams them; on a classic session, the Arro
 stream ``collect`` uses, read batch by batch) and writes each as parts of the run
 directory, so the registry stage reads the run as it reads a Ray run.
 
+Faults: with ``training.segment_timeout_s``, each run trains in a child process of the
+task (a fork), segment by segment, watched by the task: a segment past the limit is
+stopped with its process and ends ``failed`` ("timed out ..."), a segment whose process
+dies (killed, out of memory) ends ``failed`` with how it ended, and the rest of the run
+goes on in a new child. Without a limit, a task whose Python worker dies is retried by
+Spark (``spark.task.maxFailures``); if the job fails all the same, the segments without
+a result are trained again in that isolated way, so only the segment that keeps killing
+its process ends ``failed``.
+
 What only Ray does: data-parallel training of large segments (Ray Train: here each
 trains in one task with its library's threads), spreading few segments' settings over
 tasks (here they are packed), GPU candidates.
@@ -33,9 +42,9 @@ from raybricks import console
 from raybricks.compat import arrow_schema
 from raybricks.config import JobConfig
 from raybricks.data import arrow_size_estimate, segment_starts
-from raybricks.results import Outcome
+from raybricks.results import Outcome, read_parts
 from raybricks.training.blocks import SparkBlocks
-from raybricks.training.packed import train_block
+from raybricks.training.packed import limit_threads, train_block
 from raybricks.training.plan import Plan
 from raybricks.training.tasks import Task
 
@@ -108,10 +117,12 @@ def spark_segments(df: DataFrame, segment_by: list[str], num_rows: int,
 
 
 def train_partition(batches: Iterator[pa.RecordBatch], task: Task, plan: Plan,
-                    run_bytes: int) -> Iterator[pa.RecordBatch]:
+                    run_bytes: int, isolated: Isolation | None = None
+                    ) -> Iterator[pa.RecordBatch]:
     """A Spark task's body (``mapInArrow``): the partition's rows, sorted by the segment
     key, cut into runs of whole segments of about ``run_bytes``, each trained by
-    ``train_block``; one row per run: its part name, segments and Outcome bytes."""
+    ``train_block`` (``isolated``: in watched child processes, ``train_isolated``); one
+    row per run: its part name, segments and Outcome bytes."""
     from pyspark import TaskContext
 
     context = TaskContext.get()
@@ -122,7 +133,8 @@ def train_partition(batches: Iterator[pa.RecordBatch], task: Task, plan: Plan,
 
     def run(table: pa.Table) -> pa.RecordBatch:
         nonlocal number
-        outcome = train_block(table, task, plan)
+        outcome = (train_block(table, task, plan) if isolated is None
+                   else train_isolated(table, task, plan, isolated))
         number += 1
         return pa.RecordBatch.from_pydict(
             {"name": [f"{prefix}-{number:05d}"], "segments": [outcome.segments],
@@ -147,6 +159,117 @@ def train_partition(batches: Iterator[pa.RecordBatch], task: Task, plan: Plan,
         yield run(pa.Table.from_batches(pending))
 
 
+@dataclass(frozen=True)
+class Isolation:
+    """How ``train_isolated`` watches a run: each segment's time limit (None: none, only
+    its process's end is watched) and the setting it comes from, for the reason."""
+
+    limit_s: float | None
+
+
+def train_isolated(table: pa.Table, task: Task, plan: Plan, isolation: Isolation
+                   ) -> Outcome:
+    """The run's segments trained one by one in a forked child that says which segment
+    it starts and sends each one's Outcome back; a segment past the time limit (its
+    child is killed) or whose child dies ends ``failed``, and a new child goes on with
+    the next segment."""
+    import os
+    import pickle
+    import select
+    import signal
+    import time
+
+    from raybricks.data import segment_bounds
+    from raybricks.results import FAILED
+    from raybricks.training.selection import SegmentResult, results_table
+
+    limit_threads(task, plan)  # imports made once, here: a child's clock counts fits only
+    bounds = segment_bounds(table, plan.segment_by)
+    outcomes: list[Outcome] = []
+    failed: list[SegmentResult] = []
+    position = 0
+    while position < len(bounds):
+        reading, writing = os.pipe()
+        child = os.fork()
+        if child == 0:  # the child: train from ``position`` on, say each step
+            os.close(reading)
+            try:
+                with os.fdopen(writing, "wb") as out:
+                    for index in range(position, len(bounds)):
+                        _, start, end = bounds[index]
+                        pickle.dump(("start", index), out)
+                        out.flush()
+                        done = train_block(table.slice(start, end - start), task, plan)
+                        pickle.dump(("done", index, done), out)
+                        out.flush()
+            finally:
+                os._exit(0)
+        os.close(writing)
+        current, since = None, time.monotonic()
+        with os.fdopen(reading, "rb") as found:
+            while True:
+                wait = (None if current is None or isolation.limit_s is None
+                        else max(isolation.limit_s - (time.monotonic() - since), 0))
+                ready, _, _ = select.select([found], [], [], wait)
+                if not ready:  # past the limit: stop the child, fail the segment
+                    os.kill(child, signal.SIGKILL)
+                    os.waitpid(child, 0)
+                    failed.append(SegmentResult(bounds[current][0], status=FAILED, reason=(
+                        f"timed out: still fitting after {time.monotonic() - since:.1f}s "
+                        f"(training.segment_timeout_s={isolation.limit_s:g}); its process "
+                        "was stopped")))
+                    position = current + 1
+                    break
+                try:
+                    message = pickle.load(found)
+                except EOFError:  # the child ended: done, or died in ``current``
+                    _, status = os.waitpid(child, 0)
+                    if current is None:
+                        position = len(bounds)
+                    else:
+                        failed.append(SegmentResult(bounds[current][0], status=FAILED,
+                                                    reason=ended(status)))
+                        position = current + 1
+                    break
+                if message[0] == "start":
+                    current, since = message[1], time.monotonic()
+                else:
+                    outcomes.append(message[2])
+                    current = None
+    if failed:
+        outcomes.append(Outcome.of(results_table(failed, plan), pa.table({})))
+    return merged(outcomes)
+
+
+def ended(status: int) -> str:
+    """Why a segment whose process died ends ``failed`` (``os.waitpid``'s status)."""
+    import os
+    import signal
+
+    if os.WIFSIGNALED(status):
+        how = f"killed by {signal.Signals(os.WTERMSIG(status)).name}"
+    else:
+        how = f"exit code {os.WEXITSTATUS(status)}"
+    return (f"worker lost: its process ended while fitting ({how}; out of memory, or a "
+            "crash in native code)")
+
+
+def merged(outcomes: list[Outcome]) -> Outcome:
+    """Several Outcomes as one (their tables concatenated)."""
+    import io
+
+    import pyarrow.parquet as pq
+
+    def tables(name: str) -> list[pa.Table]:
+        return [pq.read_table(io.BytesIO(getattr(o, name))) for o in outcomes
+                if getattr(o, name)]
+
+    results, models = tables("results"), tables("models")
+    return Outcome.of(
+        pa.concat_tables(results, promote_options="permissive") if results else pa.table({}),
+        pa.concat_tables(models, promote_options="permissive") if models else pa.table({}))
+
+
 OUTCOME_SCHEMA = pa.schema([("name", pa.string()), ("segments", pa.int64()),
                             ("results", pa.binary()), ("models", pa.binary())])
 
@@ -155,7 +278,29 @@ def train_on_spark(segments: SparkSegments, task: Task, plan: Plan, config: JobC
                    run_dir: Path, previous: pa.Table, total: int | None,
                    progress: bool | None) -> None:
     """Train every segment of ``segments`` without a result in ``previous`` (a resumed
-    run's) in Spark's tasks, writing each run's Outcome into ``run_dir`` as it arrives."""
+    run's) in Spark's tasks, writing each run's Outcome into ``run_dir`` as it arrives.
+    A job that fails (a task lost beyond Spark's retries) is run again for the segments
+    without a result, each run in watched child processes."""
+    limit = config.training.segment_timeout_s
+    show = config.training.progress if progress is None else progress
+    with console.progress_bar(total, "training", "segment", show) as bar:
+        try:
+            _run(segments, task, plan, run_dir, previous, bar,
+                 Isolation(limit) if limit else None)
+        except Exception as exc:  # noqa: BLE001 - Spark's error: the job failed
+            if limit:
+                raise
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            log.warning("a Spark task was lost beyond its retries (%s: %s): training the "
+                        "segments without a result again, each run watched",
+                        type(exc).__name__, first[:300])
+            done = read_parts(run_dir / "results", plan.segment_by)
+            _run(segments, task, plan, run_dir, done, bar, Isolation(None))
+
+
+def _run(segments: SparkSegments, task: Task, plan: Plan, run_dir: Path,
+         previous: pa.Table, bar: Any, isolated: Isolation | None) -> None:
+    """One Spark job over the segments without a result in ``previous``."""
     df = segments.df
     keys = plan.segment_by
     if previous.num_rows:  # a resumed run: only the segments without a result
@@ -166,13 +311,11 @@ def train_on_spark(segments: SparkSegments, task: Task, plan: Plan, config: JobC
         df = df.join(done, on, "left_anti")
     order = [*keys, *([plan.time_column] if plan.time_column else [])]
     laid_out = df.repartition(segments.partitions, *keys).sortWithinPartitions(*order)
-    body = functools.partial(train_partition, task=task, plan=plan, run_bytes=RUN_BYTES)
-    show = config.training.progress if progress is None else progress
-    with console.progress_bar(total, "training", "segment", show) as bar:
-        for row in outcome_rows(laid_out.mapInArrow(body, OUTCOMES)):
-            Outcome(row["segments"], row["results"], row["models"]).write(run_dir,
-                                                                          row["name"])
-            bar.update(row["segments"])
+    body = functools.partial(train_partition, task=task, plan=plan, run_bytes=RUN_BYTES,
+                             isolated=isolated)
+    for row in outcome_rows(laid_out.mapInArrow(body, OUTCOMES)):
+        Outcome(row["segments"], row["results"], row["models"]).write(run_dir, row["name"])
+        bar.update(row["segments"])
 
 
 def outcome_rows(df: DataFrame) -> Iterator[dict[str, Any]]:
