@@ -122,8 +122,9 @@ def test_auto_takes_spark_on_connect_and_for_small_jobs(spark, tmp_path):
     assert executor == "spark" and "Spark Connect" in why
     asked = job(tmp_path, training={"output_dir": str(tmp_path), "executor": "ray"})
     assert choose_executor(asked, spark, 10)[0] == "ray"
-    address = job(tmp_path, cluster={"mode": "local", "num_cpus": 2})
-    assert choose_executor(address, spark, 10)[0] == "ray"
+    for cluster in ({"mode": "local", "num_cpus": 2}, {"mode": "spark"}):
+        executor, why = choose_executor(job(tmp_path, cluster=cluster), spark, 10)
+        assert executor == "ray" and f"cluster.mode: {cluster['mode']}" in why
     gpu = job(tmp_path, models=[{**CANDIDATES[2], "resources": {"num_gpus": 1}}])
     assert choose_executor(gpu, spark, 10)[0] == "ray"
     for session in (connect, spark):

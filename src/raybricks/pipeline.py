@@ -356,6 +356,11 @@ def train(
         executor, why = choose_executor(config, spark, num_rows)
         console.say(f"executor: {executor}: {why}")
         log.info("executor: %s: %s", executor, why)
+        if executor == "spark" and num_rows > config.training.large_segment_rows:
+            console.say(f"executor: a segment above training.large_segment_rows="
+                        f"{config.training.large_segment_rows:,} rows trains in one Spark "
+                        "task with its library's threads here: data-parallel training "
+                        "(Ray Train, Tune's ASHA) needs training.executor: ray")
         config = config.model_copy(update={"training": config.training.model_copy(
             update={"executor": executor})})
         try:
@@ -405,8 +410,8 @@ def choose_executor(config: JobConfig, spark: SparkSession, num_rows: int
                          "Ray on Spark cannot start here")
     if gpus:
         return "ray", f"GPU candidates ({', '.join(gpus)}) train on Ray's GPU tasks"
-    if config.cluster.mode in ("address", "local"):
-        return "ray", f"cluster.mode: {config.cluster.mode} names a Ray to use"
+    if config.cluster.mode != "auto":
+        return "ray", f"the job sets cluster.mode: {config.cluster.mode} (how to run Ray)"
     if num_rows > AUTO_SPARK_MAX_ROWS:
         return "ray", (f"{num_rows:,} rows (more than {AUTO_SPARK_MAX_ROWS:,}): Ray's "
                        "packed tasks, large segments with Ray Train")
