@@ -165,3 +165,17 @@ def test_on_the_spark_executor_faulty_segments_fail_alone(spark, tmp_path):
     rows = statuses(result)
     assert result.counts() == {"trained": 4, "skipped": 0, "failed": 1}
     assert rows.loc["kill", "reason"].startswith("worker lost: its process ended")
+
+
+def test_a_local_run_directory_on_a_databricks_connect_driver_is_called_out(
+        spark, tmp_path, monkeypatch):
+    from raybricks.pipeline import durable_run_dir
+
+    config = job(tmp_path)
+    assert durable_run_dir(config, FakeSession()) is None  # not on Databricks
+    monkeypatch.setenv("DATABRICKS_RUNTIME_VERSION", "client.4.0")
+    said = durable_run_dir(config, FakeSession())
+    assert said and str(tmp_path) in said and "/Volumes/" in said
+    assert durable_run_dir(config, spark) is None  # a classic driver keeps its disk
+    volume = job(tmp_path, training={"output_dir": "/Volumes/main/ml/runs"})
+    assert durable_run_dir(volume, FakeSession()) is None

@@ -209,8 +209,10 @@ def test_a_series_without_a_forecast_counts_as_zero_and_is_reported():
 
 
 @pytest.mark.topology
+@pytest.mark.parametrize("executor", ["spark", "ray"])
 def test_registered_forecasts_add_up_at_every_level_without_raybricks(
-        ray_on_spark, spark, tmp_path):
+        ray_on_spark, spark, tmp_path, executor):
+    """On either executor (reconciled on the driver or in Ray tasks)."""
     import mlflow
 
     from raybricks import pipeline
@@ -220,9 +222,11 @@ def test_registered_forecasts_add_up_at_every_level_without_raybricks(
     short = (data.state == "NT") & (data.gender == "Female") & (data.legal == "Remanded")
     data = data[~short | (data.t >= data.t.max() - pd.Timedelta(days=300))]  # 4 quarters
     data.to_parquet(tmp_path / "prison.parquet")
-    name = "tests.hierarchy.prison"
+    name = f"tests.hierarchy.prison_{executor}"
     config = job(tmp_path, {"levels": [["state"], ["gender"]], "method": "min_trace_shrink"},
                  source={"path": str(tmp_path / "prison.parquet")},
+                 training={"output_dir": str(tmp_path), "progress": False,
+                           "executor": executor},
                  registry={"name": name}, forecast={
                      "horizon": 4, "frequency": "QS-MAR", "intervals": [80],
                      "hierarchy": {"levels": [["state"], ["gender"]]},

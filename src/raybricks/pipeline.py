@@ -356,6 +356,10 @@ def train(
         executor, why = choose_executor(config, spark, num_rows)
         console.say(f"executor: {executor}: {why}")
         log.info("executor: %s: %s", executor, why)
+        durable = durable_run_dir(config, spark)
+        if durable:
+            console.say(durable)
+            log.warning("%s", durable)
         if executor == "spark" and num_rows > config.training.large_segment_rows:
             console.say(f"executor: a segment above training.large_segment_rows="
                         f"{config.training.large_segment_rows:,} rows trains in one Spark "
@@ -417,6 +421,27 @@ def choose_executor(config: JobConfig, spark: SparkSession, num_rows: int
                        "packed tasks, large segments with Ray Train")
     return "spark", (f"{num_rows:,} rows (at most {AUTO_SPARK_MAX_ROWS:,}): Spark's own "
                      "tasks, without Ray's start")
+
+
+#: Where a run directory outlives a Databricks serverless job (its driver's disk does not).
+DURABLE_PREFIXES = ("/Volumes/", "/dbfs/", "dbfs:/", "/Workspace/")
+
+
+def durable_run_dir(config: JobConfig, spark: SparkSession) -> str | None:
+    """What to say when the run directory is on the local disk of a Databricks Spark
+    Connect driver (serverless, standard access mode), which may not outlive the job:
+    the run's results and log are lost with it, and a resume finds nothing."""
+    from raybricks.databricks import in_databricks_runtime
+    from raybricks.session import is_spark_connect
+
+    output = str(config.training.output_dir)
+    if (not is_spark_connect(spark) or not in_databricks_runtime()
+            or output.startswith(DURABLE_PREFIXES)):
+        return None
+    return (f"training.output_dir {output!r} is this driver's local disk, which a serverless "
+            "job does not keep: the run's results and log go when it ends (the registered "
+            "model is kept), and a resume would find nothing. Set training.output_dir to a "
+            "Unity Catalog Volume path (/Volumes/CATALOG/SCHEMA/VOLUME/runs)")
 
 
 def source_name(config: JobConfig) -> str:

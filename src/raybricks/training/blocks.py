@@ -18,14 +18,16 @@ number, for seeds and ids unique in the job.
 
 from __future__ import annotations
 
+import contextlib
 import pickle
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 import pyarrow as pa
 
 from raybricks.data import BlockSegments, collect_arrow, segment_bounds, sort_by_segment
+from raybricks.errors import SetupError
 from raybricks.training.remote import remote
 
 if TYPE_CHECKING:
@@ -87,6 +89,24 @@ class RayBlocks:
         return None
 
 
+@contextlib.contextmanager
+def workers_import_raybricks() -> Iterator[None]:
+    """Spark jobs whose Python workers run raybricks' code: a worker that cannot import
+    it (a Spark Connect server, a serverless environment without the wheel) fails the
+    job with a SetupError that says how to give it to them."""
+    try:
+        yield
+    except Exception as exc:
+        if "No module named 'raybricks" not in str(exc):
+            raise
+        raise SetupError(
+            "Spark's Python workers cannot import raybricks, which the Spark executor runs "
+            "in them: install the raybricks wheel where Spark's tasks run (serverless: "
+            "the job's or notebook's environment dependencies; a standard access mode "
+            "cluster: a cluster library), or ship it from the driver with "
+            "spark.addArtifacts(PATH_TO_A_ZIP_OF_THE_PACKAGE, pyfile=True)") from exc
+
+
 #: The rows ``SparkBlocks.map`` brings back: the partition's number, its pickled result.
 MAPPED = "index int, value binary"
 
@@ -123,8 +143,9 @@ class SparkBlocks:
                 {"index": [index], "value": [pickle.dumps(value, protocol=5)]},
                 schema=pa.schema([("index", pa.int32()), ("value", pa.binary())]))
 
-        found = sorted((row["index"], row["value"])
-                       for row in self.df.mapInArrow(mapped, MAPPED).collect())
+        with workers_import_raybricks():
+            rows = self.df.mapInArrow(mapped, MAPPED).collect()
+        found = sorted((row["index"], row["value"]) for row in rows)
         values = [pickle.loads(value) for _, value in found]
         return [list(value) for value in values] if returns > 1 else values
 

@@ -42,8 +42,9 @@ from raybricks import console
 from raybricks.compat import arrow_schema
 from raybricks.config import JobConfig
 from raybricks.data import arrow_size_estimate, segment_starts
+from raybricks.errors import SetupError
 from raybricks.results import Outcome, read_parts
-from raybricks.training.blocks import SparkBlocks
+from raybricks.training.blocks import SparkBlocks, workers_import_raybricks
 from raybricks.training.packed import limit_threads, train_block
 from raybricks.training.plan import Plan
 from raybricks.training.tasks import Task
@@ -287,6 +288,8 @@ def train_on_spark(segments: SparkSegments, task: Task, plan: Plan, config: JobC
         try:
             _run(segments, task, plan, run_dir, previous, bar,
                  Isolation(limit) if limit else None)
+        except SetupError:
+            raise
         except Exception as exc:  # noqa: BLE001 - Spark's error: the job failed
             if limit:
                 raise
@@ -313,9 +316,11 @@ def _run(segments: SparkSegments, task: Task, plan: Plan, run_dir: Path,
     laid_out = df.repartition(segments.partitions, *keys).sortWithinPartitions(*order)
     body = functools.partial(train_partition, task=task, plan=plan, run_bytes=RUN_BYTES,
                              isolated=isolated)
-    for row in outcome_rows(laid_out.mapInArrow(body, OUTCOMES)):
-        Outcome(row["segments"], row["results"], row["models"]).write(run_dir, row["name"])
-        bar.update(row["segments"])
+    with workers_import_raybricks():
+        for row in outcome_rows(laid_out.mapInArrow(body, OUTCOMES)):
+            Outcome(row["segments"], row["results"], row["models"]).write(run_dir,
+                                                                          row["name"])
+            bar.update(row["segments"])
 
 
 def outcome_rows(df: DataFrame) -> Iterator[dict[str, Any]]:
