@@ -17,6 +17,16 @@ header, unreadable) never fails the job and is never lost: ``unread`` finds it a
 Spark's own listing of the files, with the reason, and a key none of whose files gave a row
 becomes a skipped segment and a segment that lost one of several files names it in its
 result row (``SegmentFiles.skipped``).
+
+On Spark Connect (Databricks serverless, standard access mode: no JVM on this side) the
+answers are the same, found another way: Spark's listing of the files comes to the client
+(``DataFrame.inputFiles``: some 100 bytes a file) and goes back as a local relation; the
+sizes of the files without rows are their ``_metadata.file_size`` in one scan of the
+folder (a file listed but in no scan is empty: Spark's scans leave those out); a stale
+Hadoop checksum file is looked for where the client sees the files (a local path,
+``/dbfs``, ``/Volumes``; elsewhere the reason is the general one, as for a file past
+``LOOKUPS``); and the listing's settings (``SMALL_FILES``) are sized from
+``spark.default.parallelism`` or ``spark.master``, and set where the session allows them.
 """
 
 from __future__ import annotations
@@ -24,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -32,6 +43,7 @@ from urllib.parse import unquote
 
 from raybricks import console, csv_files, parquet
 from raybricks.errors import DataError, SourceNotFound
+from raybricks.session import is_spark_connect
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
@@ -42,8 +54,9 @@ log = logging.getLogger(__name__)
 PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 #: the file path column while reading (dropped from what training sees)
 FILE = "__raybricks_file"
-#: files Spark lists but could not read, whose size (and checksum file) are looked up one
-#: by one to word the reason (past this, the reason is the general one)
+#: files Spark lists but could not read, whose size (and checksum file) are looked up to
+#: word the reason, one by one (Spark Connect: the sizes in one scan); past this, the
+#: reason is the general one
 LOOKUPS = 1000
 
 
@@ -195,6 +208,7 @@ class SegmentFiles:
             try:
                 if self.format == "csv":  # each file's bytes, as one row
                     raw = self._reader().format("binaryFile").load(self.folder)
+                    raw.schema  # noqa: B018 - Spark Connect looks for the folder here
                 else:
                     raw = parquet.read(self.spark, self._reader().option("mergeSchema", "true"),
                                        self.folder)
@@ -283,13 +297,15 @@ class SegmentFiles:
             read = self.rows.select(_comparable(FILE).alias("p")).distinct()
             missing = [r["p"] for r in listing.join(read, "p", "left_anti").collect()]
         pattern = re.compile(self.regex)
+        missing = sorted(missing)
+        sizes = self._sizes([p for p in missing if p not in self._skipped][:LOOKUPS])
         unread = []
-        for i, path in enumerate(sorted(missing)):
+        for path in missing:
             match = pattern.search(path)
             key = match.groups() if match else None
             reason = self._skipped.get(path)
             if reason is None:
-                reason = self._reason(path, self._size(path) if i < LOOKUPS else None)
+                reason = self._reason(path, sizes.get(path))
             unread.append(UnreadFile(path, key, _decoded(reason)))
         return unread
 
@@ -309,13 +325,43 @@ class SegmentFiles:
                     "the error)"))
 
     def _stale_checksum(self, path: str) -> str | None:
-        """The Hadoop checksum file beside ``path`` (``.name.crc``), if there is one."""
+        """The Hadoop checksum file beside ``path`` (``.name.crc``), if there is one (on
+        Spark Connect: where the client sees it, ``_on_client``; Spark lists no hidden
+        file, so no Spark job can find it)."""
         folder, _, name = path.rpartition("/")
         crc = f"{folder}/.{name}.crc"
+        if is_spark_connect(self.spark):
+            seen = _on_client(crc)
+            return crc if seen is not None and os.path.isfile(seen) else None
         return crc if self._size(crc) is not None else None
 
+    def _sizes(self, paths: list[str]) -> dict[str, int | None]:
+        """The sizes of files Spark lists (``_comparable`` paths): by Hadoop's file
+        system one by one on a classic session, in one scan of the folder's file metadata
+        on Spark Connect (``_metadata.file_size``; a listed file that scan does not give is
+        empty: Spark's scans leave out empty files)."""
+        if not paths:
+            return {}
+        if not is_spark_connect(self.spark):
+            return {path: self._size(path) for path in paths}
+        from pyspark.sql import functions as F
+
+        try:
+            wanted = self.spark.createDataFrame([(p,) for p in paths], "p string")
+            found = (self._reader().format("binaryFile").load(self.folder)
+                     .select(F.col("_metadata.file_path").alias("path"),
+                             F.col("_metadata.file_size").alias("size"))
+                     .select(_comparable("path").alias("p"), "size")
+                     .join(wanted, "p").collect())
+        except Exception as exc:  # noqa: BLE001 - the sizes only word the reasons
+            log.warning("could not look up the sizes of the files that gave no rows: %s",
+                        str(exc).strip().splitlines()[0] if str(exc).strip() else exc)
+            return {}
+        return dict.fromkeys(paths, 0) | {row["p"]: int(row["size"]) for row in found}
+
     def _size(self, path: str) -> int | None:
-        """A file's size by Hadoop's file system (as Spark reaches it), or None."""
+        """A file's size by Hadoop's file system (as Spark reaches it), or None (a
+        classic session: the JVM's)."""
         try:
             jvm = self.spark._jvm
             hadoop_path = jvm.org.apache.hadoop.fs.Path(path)
@@ -377,6 +423,19 @@ def _decoded(reason: str) -> str:
     return unquote(reason) if "%" in reason else reason
 
 
+def _on_client(path: str) -> str | None:
+    """Where this process sees a file Spark names (a ``_comparable`` path, decoded):
+    ``file:`` and plain paths as they are (under ``/dbfs`` where not there, as on
+    Databricks), ``dbfs:`` under ``/dbfs``; None for other schemes."""
+    if path.startswith("dbfs:"):
+        return "/dbfs/" + path[len("dbfs:"):].lstrip("/")
+    if path.startswith("file:"):
+        return "/" + path[len("file:"):].lstrip("/")
+    if re.match(r"^[A-Za-z][A-Za-z0-9+.-]*:", path):
+        return None
+    return path if os.path.exists(path) else "/dbfs/" + path.lstrip("/")
+
+
 def _column(name: str) -> Column:
     from pyspark.sql import functions as F
 
@@ -393,15 +452,20 @@ SMALL_FILES = {"spark.sql.sources.parallelPartitionDiscovery.parallelism": "{tas
 
 @contextlib.contextmanager
 def _small_files(spark: SparkSession) -> Iterator[None]:
-    """``SMALL_FILES`` set on the session while the files are listed and first read."""
-    try:
-        cores = spark.sparkContext.defaultParallelism
-    except Exception:  # noqa: BLE001 - Spark Connect: no context; its server's defaults
-        yield
-        return
-    before = {name: spark.conf.get(name, None) for name in SMALL_FILES}
-    for name, value in SMALL_FILES.items():
-        spark.conf.set(name, value.format(tasks=max(4 * cores, 8)))
+    """``SMALL_FILES`` set on the session while the files are listed and first read
+    (on Spark Connect: those the session allows; the listing's tasks left to Spark where
+    its cores are not known, ``_cores``)."""
+    cores = _cores(spark)
+    wanted = {name: value.format(tasks=max(4 * cores, 8)) for name, value
+              in SMALL_FILES.items() if cores is not None or "{tasks}" not in value}
+    before = {}
+    for name, value in wanted.items():
+        try:
+            before[name] = spark.conf.get(name, None)
+            spark.conf.set(name, value)
+        except Exception as exc:  # noqa: BLE001 - serverless allows few settings
+            log.debug("Spark setting %s left as it is: %s", name, exc)
+            before.pop(name, None)
     try:
         yield
     finally:
@@ -412,11 +476,36 @@ def _small_files(spark: SparkSession) -> Iterator[None]:
                 spark.conf.set(name, value)
 
 
+def _cores(spark: SparkSession) -> int | None:
+    """Spark's default parallelism: the SparkContext's on a classic session; on Spark
+    Connect (no context) ``spark.default.parallelism`` where set, else the cores of a
+    ``local[N]`` or ``local-cluster[N,C,M]`` master, else None."""
+    if not is_spark_connect(spark):
+        return spark.sparkContext.defaultParallelism
+    try:
+        given = spark.conf.get("spark.default.parallelism", None)
+        master = spark.conf.get("spark.master", None) or ""
+    except Exception:  # noqa: BLE001 - a session that shows neither
+        return None
+    if given and str(given).strip().isdigit():
+        return int(given)
+    local = re.fullmatch(r"local\[(\d+)(?:,\d+)?\]", master)
+    cluster = re.fullmatch(r"local-cluster\[(\d+),\s*(\d+),.*\]", master)
+    if local:
+        return int(local.group(1))
+    return int(cluster.group(1)) * int(cluster.group(2)) if cluster else None
+
+
 def _listing(spark: SparkSession, frame: DataFrame) -> DataFrame:
     """Every file Spark's file index lists for ``frame``'s relation (empty ones too), as
-    a one-column frame ``path`` built in the JVM (never collected to the driver)."""
+    a one-column frame ``path``: built in the JVM on a classic session (never collected
+    to the driver); on Spark Connect, which has no JVM here, the paths come to the client
+    (``DataFrame.inputFiles``, the same listing) and go back as a local relation. Spark's
+    scans would not do: they leave out empty files."""
     from pyspark.sql import DataFrame as SparkFrame
 
+    if is_spark_connect(spark):
+        return spark.createDataFrame([(path,) for path in frame.inputFiles()], "path string")
     jvm = spark._jvm
     paths = jvm.scala.Predef.genericWrapArray(frame._jdf.inputFiles()).toList()
     dataset = spark._jsparkSession.createDataset(paths, jvm.org.apache.spark.sql.Encoders.STRING())
