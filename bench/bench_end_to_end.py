@@ -13,16 +13,27 @@ table to the results on disk, so each method's grouping is included:
 * ``ray data map_groups``: ``ray.data.read_parquet`` of the table's files (open-source
   ``from_spark`` needs RayDP), ``groupby("seg").map_groups(...)`` (a sort-based shuffle),
   ``write_parquet``;
-* ``raybricks``: ``raybricks.train(config, spark, register=False)``: checks, conversion
-  of the Spark table into segment-aligned Ray blocks, packed training (baseline, holdout,
-  refit, serialized models) and the accounting against the source.
+* ``raybricks (spark)``: ``raybricks.train(config, spark, register=False)`` with
+  ``training.executor: spark``: checks, the source laid out by segment, packed training
+  (baseline, holdout, refit, serialized models) in Spark's own ``mapInArrow`` tasks, the
+  accounting against the source; no Ray;
+* ``raybricks (ray)``: the same with ``training.executor: ray``, as a user runs it: the
+  job starts Ray on Spark itself (its ``cluster`` stage), converts the table into
+  segment-aligned Ray blocks, trains in Ray's packed tasks and shuts Ray down (its
+  ``shutdown`` stage), all inside its wall time.
 
-The loop and applyInPandas run before Ray on Spark starts (Ray's worker nodes hold Spark
-task slots); the Ray methods then share one Ray on Spark, whose start (a fixed ~20 s
-upstream) is reported apart, with raybricks' ratio including it. Each method first runs
-untimed on a small table (workers started, libraries imported). BLAS is pinned to one
-thread. A method that would take longer than ``--budget`` seconds at a size (estimated
-from its rate at the sizes before) is not run there, and the table says so.
+``--only raybricks`` (the name before there were two executors) means both raybricks
+methods; ``raybricks-ray`` and ``raybricks-spark`` pick one.
+
+The loop, applyInPandas and both raybricks methods run before the shared Ray on Spark
+starts (Ray's worker nodes hold Spark task slots); Ray Data then runs on it, its start
+(a fixed ~20 s upstream) reported apart. raybricks' ratios are given on its wall time
+(for the Ray executor, Ray's start and shut-down included) and, for the Ray executor,
+without its ``cluster`` and ``shutdown`` stages. Every raybricks run's stages
+(``TrainingReport.timings``) are saved. Each method first runs untimed on a small table
+(workers started, libraries imported). BLAS is pinned to one thread. A method that
+would take longer than ``--budget`` seconds at a size (estimated from its rate at the
+sizes before) is not run there, and the table says so.
 
 Usage: ``python bench/bench_end_to_end.py [--sizes 2000x200,20000x50,1000000x16]
 [--only raybricks,...] [--budget 1800] [--output end_to_end.json]``. Results:
@@ -59,9 +70,17 @@ from bench_training import FEATURES, TARGET, fit_one_segment, make_data, parse_s
 from common import RESULTS  # noqa: E402
 
 RESULT_SCHEMA = "seg long, mae double, intercept double, w1 double, w2 double, w3 double"
-LOOP, APPLY, MAP_GROUPS, RAYBRICKS = ("pandas loop", "spark applyInPandas",
-                                      "ray data map_groups", "raybricks")
-METHODS = (LOOP, APPLY, MAP_GROUPS, RAYBRICKS)
+LOOP, APPLY, MAP_GROUPS = "pandas loop", "spark applyInPandas", "ray data map_groups"
+RB_SPARK, RB_RAY = "raybricks (spark)", "raybricks (ray)"
+METHODS = (LOOP, APPLY, RB_SPARK, RB_RAY, MAP_GROUPS)
+#: ``--only`` names: the methods' own, and short ones; ``raybricks`` (one method before
+#: the Spark executor) is both executors
+ALIASES = {"raybricks": (RB_SPARK, RB_RAY), "raybricks-spark": (RB_SPARK,),
+           "raybricks-ray": (RB_RAY,), "loop": (LOOP,), "applyInPandas": (APPLY,),
+           "map_groups": (MAP_GROUPS,)}
+EXECUTORS = {RB_SPARK: "spark", RB_RAY: "ray"}
+#: each raybricks run's stages (``TrainingReport.timings``), by size and method
+STAGES: dict[str, dict[str, dict[str, float]]] = {}
 
 
 def fit_validate_refit(pdf: pd.DataFrame) -> dict[str, Any]:
@@ -100,7 +119,10 @@ def ray_data_map_groups(spark, table: str, out: str) -> int:
     return len(pd.read_parquet(out, columns=["seg"]))
 
 
-def raybricks_train(spark, table: str, out: str) -> int:
+def raybricks_train(spark, table: str, out: str, executor: str = "auto",
+                    stages: dict[str, float] | None = None) -> int:
+    """``raybricks.train`` on the table with ``training.executor: executor``; its stages'
+    seconds go into ``stages``."""
     from raybricks import train
     from raybricks.config import JobConfig
 
@@ -111,26 +133,30 @@ def raybricks_train(spark, table: str, out: str) -> int:
             "estimator": "sklearn.linear_model.LinearRegression"}],
         "validation": {"method": "holdout", "fraction": 0.2, "metric": "mae"},
         "ensemble": "best", "min_rows": 2,
-        "training": {"output_dir": out, "progress": False},
+        "training": {"output_dir": out, "progress": False, "executor": executor},
     })
     report = train(config, spark, register=False)
+    if stages is not None:
+        stages.update(report.timings)
     counts = report.result.counts()
     if counts["trained"] != report.accounting["source_segments"]:
         raise RuntimeError(f"raybricks did not train every segment: {counts}")
     return counts["trained"]
 
 
-RUNS: dict[str, Callable[[Any, str, str], int]] = {
+RUNS: dict[str, Callable[..., int]] = {
     LOOP: pandas_loop, APPLY: spark_apply_in_pandas, MAP_GROUPS: ray_data_map_groups,
-    RAYBRICKS: raybricks_train,
+    RB_SPARK: raybricks_train, RB_RAY: raybricks_train,
 }
 
 
-def timed(method: str, spark, table: str, workdir: Path, segments: int) -> float:
-    out = workdir / f"out-{method.replace(' ', '_')}"
+def timed(method: str, spark, table: str, workdir: Path, segments: int,
+          stages: dict[str, float] | None = None) -> float:
+    out = workdir / f"out-{method.replace(' ', '_').replace('(', '').replace(')', '')}"
     shutil.rmtree(out, ignore_errors=True)
+    extra = {"executor": EXECUTORS[method], "stages": stages} if method in EXECUTORS else {}
     start = time.perf_counter()
-    found = RUNS[method](spark, table, str(out))
+    found = RUNS[method](spark, table, str(out), **extra)
     seconds = time.perf_counter() - start
     if found != segments:
         raise RuntimeError(f"{method} wrote {found} segments' results, not {segments}")
@@ -167,7 +193,12 @@ def main() -> None:
                         help="the results file's name, in bench/results")
     args = parser.parse_args()
     sizes = parse_sizes(args.sizes)
-    wanted = [m for m in METHODS if m in args.only.split(",")]
+    asked = {m for name in args.only.split(",") for m in ALIASES.get(name.strip(),
+                                                                     (name.strip(),))}
+    unknown = asked - set(METHODS)
+    if unknown:
+        parser.error(f"unknown method(s) {sorted(unknown)}: {METHODS} or {sorted(ALIASES)}")
+    wanted = [m for m in METHODS if m in asked]
 
     from raybricks.cluster import ray_cluster
     from raybricks.config import ClusterConfig
@@ -191,51 +222,91 @@ def main() -> None:
                           f"its rate so far, over the {args.budget:.0f} s budget)", flush=True)
                     seconds[label][method] = None
                     continue
-                took = timed(method, spark, table, workdir, segments)
+                stages = STAGES.setdefault(label, {}).setdefault(method, {}) \
+                    if method in EXECUTORS else None
+                took = timed(method, spark, table, workdir, segments, stages)
                 rate = segments / took
                 seconds[label][method] = took
-                print(f"{method} at {label}: {took:.1f} s ({rate:,.0f} segments/s)",
-                      flush=True)
+                said = ", ".join(f"{k} {v:.1f}" for k, v in (stages or {}).items())
+                print(f"{method} at {label}: {took:.1f} s ({rate:,.0f} segments/s)"
+                      + (f"; stages (s): {said}" if said else ""), flush=True)
 
-    run([m for m in wanted if m in (LOOP, APPLY)])
+    load_at_start = os.getloadavg()
+    # before the shared Ray: the Ray executor starts (and stops) its own Ray on Spark
+    run([m for m in wanted if m != MAP_GROUPS])
     ray_start = None
-    if any(m in wanted for m in (MAP_GROUPS, RAYBRICKS)):
+    if MAP_GROUPS in wanted:
         start = time.perf_counter()
         with ray_cluster(ClusterConfig(), spark):
             ray_start = time.perf_counter() - start
             print(f"Ray on Spark started in {ray_start:.1f} s", flush=True)
-            run([m for m in wanted if m in (MAP_GROUPS, RAYBRICKS)])
-    report(seconds, ray_start, wanted)
+            run([MAP_GROUPS])
+    ratios = report(seconds, ray_start, wanted)
     RESULTS.mkdir(exist_ok=True)
     import json
 
     (RESULTS / args.output).write_text(json.dumps({
         "meta": {"cores": os.cpu_count(), "python": platform.python_version(),
-                 "packages": package_versions(),
-                 "budget_seconds": args.budget, "ray_on_spark_start_seconds": ray_start},
-        "seconds": seconds}, indent=2))
+                 "packages": package_versions(), "date": time.strftime("%Y-%m-%d %H:%M"),
+                 "load_average_at_start": load_at_start,
+                 "load_average_at_end": os.getloadavg(),
+                 "budget_seconds": args.budget, "ray_on_spark_start_seconds": ray_start,
+                 "ray_start_for": "ray data map_groups only (the Ray executor's own start "
+                                  "is its stages' cluster)"},
+        "seconds": seconds, "stages": STAGES, "ratios": ratios}, indent=2))
+
+
+def ray_own(stages: dict[str, float]) -> float:
+    """The seconds a raybricks run spent starting and stopping its own Ray."""
+    return stages.get("cluster", 0.0) + stages.get("shutdown", 0.0)
 
 
 def report(seconds: dict[str, dict[str, float | None]], ray_start: float | None,
-           methods: list[str]) -> None:
-    print("\n| size | " + " | ".join(methods) + " | raybricks vs applyInPandas | "
-          "raybricks vs loop |")
-    print("|---|" + "---:|" * (len(methods) + 2))
+           methods: list[str]) -> dict[str, dict[str, float]]:
+    """The tables: seconds per method, raybricks' ratios (peer's seconds / raybricks'),
+    its stages. Returns the ratios, by size."""
+    ratios: dict[str, dict[str, float]] = {}
+    print("\n| size | " + " | ".join(methods) + " |")
+    print("|---|" + "---:|" * len(methods))
     for label, found in seconds.items():
         cells = ["not run (over budget)" if found.get(m) is None else f"{found[m]:.1f} s"
                  for m in methods]
-        ratios = []
-        for peer in (APPLY, LOOP):
-            mine, theirs = found.get(RAYBRICKS), found.get(peer)
-            if mine and theirs:
-                started = f" ({theirs / (mine + ray_start):.2f}x with Ray's start)" \
-                    if ray_start else ""
-                ratios.append(f"{theirs / mine:.2f}x{started}")
-            else:
-                ratios.append("-")
-        print(f"| {label} | " + " | ".join(cells + ratios) + " |")
+        print(f"| {label} | " + " | ".join(cells) + " |")
+    mine = [m for m in (RB_SPARK, RB_RAY) if m in methods]
+    if mine:
+        print("\n| size | raybricks | vs applyInPandas | vs pandas loop | "
+              "vs map_groups (+ its Ray start) |")
+        print("|---|---|---:|---:|---:|")
+    for label, found in seconds.items():
+        for method in mine:
+            took = found.get(method)
+            if not took:
+                continue
+            own = ray_own(STAGES.get(label, {}).get(method, {}))
+            cells = []
+            for peer in (APPLY, LOOP, MAP_GROUPS):
+                theirs = found.get(peer)
+                if not theirs:
+                    cells.append("-")
+                    continue
+                if peer == MAP_GROUPS and ray_start:
+                    theirs += ray_start
+                ratio = theirs / took
+                ratios.setdefault(label, {})[f"{method} vs {peer}"] = ratio
+                cell = f"{ratio:.2f}x"
+                if own:
+                    ratios[label][f"{method} without Ray's start vs {peer}"] = \
+                        theirs / (took - own)
+                    cell += f" ({theirs / (took - own):.2f}x without Ray's start)"
+                cells.append(cell)
+            print(f"| {label} | {method} | " + " | ".join(cells) + " |")
+    for label, by_method in STAGES.items():
+        for method, stages in by_method.items():
+            print(f"\n{method} at {label}, stages (s): "
+                  + ", ".join(f"{k} {v:.1f}" for k, v in stages.items()))
     if ray_start is not None:
-        print(f"\nRay on Spark start (once, shared by the Ray methods): {ray_start:.1f} s")
+        print(f"\nRay on Spark start (once, for Ray Data map_groups): {ray_start:.1f} s")
+    return ratios
 
 
 if __name__ == "__main__":
