@@ -10,16 +10,20 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 
 from raybricks.cluster import (
+    RayAuth,
     SparkCapacity,
     _check_executor_environment,
-    disable_ray_token_auth,
+    auth_env_restored,
+    auth_env_set,
     expected_executors,
     forwarded_env,
     head_start_polled,
+    ray_auth,
     ray_cluster,
     ray_on_spark_arguments,
     spark_capacity,
@@ -28,11 +32,30 @@ from raybricks.cluster import (
 from raybricks.config import ClusterConfig
 from raybricks.errors import ClusterError, SetupError
 
+#: The Ray settings the session cluster puts in this process' environment.
+SESSION_RAY_ENV = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "RAY_ADDRESS")
+
 
 def clean_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     """This process's environment without the Ray settings the session cluster put there."""
-    base = {k: v for k, v in os.environ.items() if k not in ("RAY_AUTH_MODE", "RAY_ADDRESS")}
+    base = {k: v for k, v in os.environ.items() if k not in SESSION_RAY_ENV}
     return {**base, **(extra or {})}
+
+
+def ray_has_token_auth() -> bool:
+    """Whether the installed Ray has token authentication (2.60 does; 2.37 has none)."""
+    import ray
+
+    return hasattr(ray._raylet, "AuthenticationTokenLoader")
+
+
+def auth_line(mode: str = "spark") -> str:
+    """The line a run says of Ray's authentication, with RAY_AUTH_MODE and tokens unset."""
+    import ray
+
+    if not ray_has_token_auth():
+        return f"Ray: token authentication off: Ray {ray.__version__} has none"
+    return "Ray: token authentication on (a token made for this cluster)"
 
 
 def run_python(code: str, env: dict[str, str] | None = None, timeout: int = 180):
@@ -299,13 +322,162 @@ def test_config_errors_name_the_key():
         ClusterConfig(max_workers=2)
 
 
-def test_token_auth_is_pinned_off_unless_the_user_chose(monkeypatch):
-    monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
-    disable_ray_token_auth()
-    assert os.environ["RAY_AUTH_MODE"] == "disabled"
+def test_token_auth_per_mode_ray_version_and_what_the_user_set(monkeypatch, tmp_path):
+    """Ray that raybricks starts gets a token of its own where Ray has token auth; off
+    (said, with the reason) where Ray has none or the user turned it off; a connection
+    sends the token the environment gives. The token is never in a repr."""
+    from raybricks import cluster
+
+    monkeypatch.setattr(cluster, "token_auth_missing", lambda mode: None)
+    made = ray_auth("spark", {})
+    assert made.token and made.says == "Ray: token authentication on (a token made for this " \
+                                       "cluster)"
+    assert made.env["RAY_AUTH_MODE"] == "token" and len(made.env["RAY_AUTH_TOKEN"]) == 64
+    assert ray_auth("local", {}).env["RAY_AUTH_TOKEN"] != made.env["RAY_AUTH_TOKEN"]
+    assert made.env["RAY_AUTH_TOKEN"] not in repr(made)
+    # the user's token, in the variable or a file; the user's mode is kept
+    given = ray_auth("spark", {"RAY_AUTH_TOKEN": "theirs", "RAY_AUTH_MODE": "token"})
+    assert given.says.endswith("on (the token in RAY_AUTH_TOKEN)")
+    assert given.env == {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "theirs"}
+    (tmp_path / "token").write_text("from-a-file\n")
+    in_file = ray_auth("local", {"RAY_AUTH_TOKEN_PATH": str(tmp_path / "token")})
+    assert in_file.env["RAY_AUTH_TOKEN"] == "from-a-file"
+    with pytest.raises(SetupError, match="RAY_AUTH_TOKEN_PATH=.*cannot be read"):
+        ray_auth("spark", {"RAY_AUTH_TOKEN_PATH": str(tmp_path / "none")})
+    off = ray_auth("spark", {"RAY_AUTH_MODE": "disabled", "RAY_AUTH_TOKEN": "theirs"})
+    assert (off.token, off.env) == (False, {"RAY_AUTH_MODE": "disabled"})
+    assert off.says == "Ray: token authentication off (RAY_AUTH_MODE=disabled, set before " \
+                       "raybricks)"
+    # connecting to a Ray started elsewhere: the token given, else none
+    assert ray_auth("address", {}) == RayAuth(
+        False, "Ray: connecting without a token (a cluster that requires one: give it in "
+               "RAY_AUTH_TOKEN)", {"RAY_AUTH_MODE": "disabled"})
+    assert ray_auth("address", {"RAY_AUTH_TOKEN": "theirs"}).env == given.env
+    # a Ray without token authentication (the Databricks runtimes' 2.37): off, said
+    monkeypatch.setattr(cluster, "token_auth_missing", lambda mode: "Ray 2.37.0 has none")
+    for mode in ("spark", "local", "address"):
+        assert ray_auth(mode, {}) == RayAuth(
+            False, "Ray: token authentication off: Ray 2.37.0 has none",
+            {"RAY_AUTH_MODE": "disabled"})
+    assert ray_auth("spark", {"RAY_AUTH_MODE": "token"}).says.endswith(
+        "has none (RAY_AUTH_MODE=token is ignored)")
+    monkeypatch.undo()
+    # the installed Ray: 2.60 has token auth with Ray on Spark, 2.37 none
+    import ray
+
+    missing = cluster.token_auth_missing("spark")
+    assert missing == (None if ray_has_token_auth() else f"Ray {ray.__version__} has none")
+
+
+def test_the_auth_variables_are_put_back_as_they_were(monkeypatch):
     monkeypatch.setenv("RAY_AUTH_MODE", "token")
-    disable_ray_token_auth()
-    assert os.environ["RAY_AUTH_MODE"] == "token"
+    monkeypatch.delenv("RAY_AUTH_TOKEN", raising=False)
+    before = auth_env_set({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "x"})
+    assert before == {"RAY_AUTH_TOKEN": None} and os.environ["RAY_AUTH_TOKEN"] == "x"
+    auth_env_restored(before)
+    assert "RAY_AUTH_TOKEN" not in os.environ and os.environ["RAY_AUTH_MODE"] == "token"
+
+
+@pytest.mark.topology
+def test_the_suites_ray_on_spark_requires_its_token(ray_on_spark):
+    """The session's Ray on Spark runs with a token of its own where Ray has token auth
+    (its worker nodes joined with it: the topology tests count them): another process is
+    refused without it or with another (a stale one), and works with it."""
+    assert ray_on_spark.auth is not None and ray_on_spark.auth.token == ray_has_token_auth()
+    assert ray_on_spark.auth.says.startswith(auth_line().split(" (")[0])  # yours or made
+    if not ray_has_token_auth():
+        assert os.environ["RAY_AUTH_MODE"] == "disabled"  # off, explicitly
+        return
+    token = os.environ["RAY_AUTH_TOKEN"]
+    assert ray_on_spark.auth.env["RAY_AUTH_TOKEN"] == token and token not in repr(ray_on_spark)
+    result = run_python(
+        f"""
+        import os, ray
+        from raybricks.cluster import ray_cluster
+        from raybricks.config import ClusterConfig
+        from raybricks.errors import ClusterError
+        for token in (None, "stale-token-of-another-ray", os.environ.pop("SESSION_TOKEN")):
+            if token:
+                os.environ["RAY_AUTH_TOKEN"] = token
+            try:
+                with ray_cluster(ClusterConfig(mode="address",
+                                               address="{ray_on_spark.address}")) as c:
+                    print("CPUS", c.num_cpus, ray.get(ray.put(41)) + 1)
+            except ClusterError as exc:
+                print("REFUSED", exc)
+        print("AFTER", ray.is_initialized(), os.environ.get("RAY_AUTH_MODE"))
+        """,
+        # one try per refused connection (Ray's 20 by default)
+        env={"SESSION_TOKEN": token, "RAY_gcs_server_port_wait_time_s": "1"},
+    )
+    refused = re.findall(r"^REFUSED .*$", result.stdout, re.M)
+    assert len(refused) == 2, result.stdout + result.stderr[-3000:]
+    assert all("requires a token this driver did not send, or another one" in line
+               for line in refused)
+    assert "Ray: connecting with the token in RAY_AUTH_TOKEN" in result.stdout
+    assert "CPUS 2 42" in result.stdout
+    assert "AFTER False None" in result.stdout  # the driver's variables put back
+    assert token not in result.stdout + result.stderr
+
+
+def test_ray_on_spark_with_a_token_made_for_it_that_no_output_shows(tmp_path):
+    """A run's Ray on Spark, as the CLI starts it (stage lines, the log file), where a
+    plain ray.init() left a ~/.ray/auth_token: a token made for the cluster (the stale
+    one does not lock the driver out), its worker node joined with it, the run says so,
+    and the token is in no output, log file or Ray session log; afterwards the driver's
+    variables are as they were."""
+    home = tmp_path / "home"
+    (home / ".ray").mkdir(parents=True)
+    (home / ".ray" / "auth_token").write_text("stale-token-from-an-earlier-ray-init")
+    log_file, token_file = tmp_path / "raybricks.log", tmp_path / "token"
+    result = run_python(
+        f"""
+        import os, pathlib, ray
+        from raybricks import console
+        from raybricks.cluster import ray_cluster
+        from raybricks.config import ClusterConfig
+        from raybricks.session import local_spark_session
+
+        spark = local_spark_session(cores=2, driver_memory="1g")
+        with console.logging_to(pathlib.Path("{log_file}")):
+            with ray_cluster(ClusterConfig(mode="spark"), spark):
+                # for the test only: the token, to look for it in the output
+                pathlib.Path("{token_file}").write_text(os.environ.get("RAY_AUTH_TOKEN", ""))
+                print("SESSION", ray._private.worker._global_node.get_session_dir_path())
+
+                from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+                @ray.remote(num_cpus=1)
+                def auth_mode():
+                    return os.environ.get("RAY_AUTH_MODE")
+
+                nodes = [n for n in ray.nodes() if n["Alive"]]
+                worker = [n["NodeID"] for n in nodes
+                          if "node:__internal_head__" not in n["Resources"]][0]
+                on_worker = auth_mode.options(
+                    scheduling_strategy=NodeAffinitySchedulingStrategy(worker, soft=False))
+                print("NODES", len(nodes), "WORKER NODE'S MODE", ray.get(on_worker.remote()))
+        print("AFTER", os.environ.get("RAY_AUTH_MODE"), os.environ.get("RAY_AUTH_TOKEN"))
+        """,
+        env={"HOME": str(home)}, timeout=300,
+    )
+    out = result.stdout
+    assert f"> Ray: start (on Spark) or connect ...\n  {auth_line()}\n" in out, \
+        out + result.stderr[-3000:]
+    # the worker node (a Spark task) got the driver's mode with the token (2.37: nothing)
+    assert f"NODES 2 WORKER NODE'S MODE {'token' if ray_has_token_auth() else None}" in out
+    assert "AFTER None None" in out
+    assert (home / ".ray" / "auth_token").read_text() == "stale-token-from-an-earlier-ray-init"
+    token = token_file.read_text()
+    if not ray_has_token_auth():
+        return
+    assert len(token) == 64
+    logged = log_file.read_text()
+    assert auth_line() in logged and "Ray on Spark" in logged
+    assert token not in out + result.stderr + logged
+    session = re.search(r"^SESSION (.*)$", out, re.M).group(1)
+    for path in [p for p in Path(session).rglob("*") if p.is_file()]:
+        assert token not in path.read_text(errors="replace"), path
 
 
 def test_spark_mode_without_spark_session_is_a_clear_error():
@@ -324,6 +496,7 @@ def test_spark_mode_without_spark_session_is_a_clear_error():
 
 
 def test_connect_by_address_from_another_process(ray_on_spark):
+    token = os.environ.get("RAY_AUTH_TOKEN")  # the session's Ray requires its token
     result = run_python(
         f"""
         import ray
@@ -332,7 +505,8 @@ def test_connect_by_address_from_another_process(ray_on_spark):
         with ray_cluster(ClusterConfig(mode="address", address="{ray_on_spark.address}")) as c:
             print("CPUS", c.num_cpus, ray.get(ray.put(41)) + 1)
         print("AFTER", ray.is_initialized())
-        """
+        """,
+        env={"RAY_AUTH_TOKEN": token} if token else None,
     )
     assert "CPUS 2 42" in result.stdout, result.stderr
     assert "AFTER False" in result.stdout
@@ -342,7 +516,11 @@ def test_connect_by_address_from_another_process(ray_on_spark):
     assert ray.is_initialized() and ray.cluster_resources()["CPU"] == 2
 
 
-def test_local_ray_despite_stale_auth_token_and_shutdown_on_error(tmp_path):
+@pytest.mark.parametrize("user_mode", [None, "disabled"])
+def test_local_ray_despite_stale_auth_token_and_shutdown_on_error(tmp_path, user_mode):
+    """A plain local Ray: a token made for it where Ray has token auth (a stale
+    ~/.ray/auth_token neither used nor replaced), or off where the user says so; the run
+    says which."""
     home = tmp_path / "home"
     (home / ".ray").mkdir(parents=True)
     (home / ".ray" / "auth_token").write_text("stale-token-from-an-earlier-ray-init")
@@ -358,10 +536,14 @@ def test_local_ray_despite_stale_auth_token_and_shutdown_on_error(tmp_path):
         except RuntimeError:
             print("AFTER", ray.is_initialized())
         """,
-        env={"HOME": str(home)},
+        env={"HOME": str(home), **({"RAY_AUTH_MODE": user_mode} if user_mode else {})},
     )
     assert "CPUS 1 ok" in result.stdout, result.stderr
     assert "AFTER False" in result.stdout
+    said = auth_line() if user_mode is None else \
+        "Ray: token authentication off (RAY_AUTH_MODE=disabled, set before raybricks)"
+    assert f"  {said}\n" in result.stdout
+    assert (home / ".ray" / "auth_token").read_text() == "stale-token-from-an-earlier-ray-init"
 
 
 def test_sigterm_shuts_local_ray_down(tmp_path):

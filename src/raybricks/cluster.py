@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from raybricks.config import ClusterConfig, SparkConfig
@@ -79,6 +80,10 @@ class RayCluster:
     address: str
     settings: dict[str, Any] = field(default_factory=dict)
     _owned: bool = True
+    #: How it authenticates (None: a Ray this process was connected to before).
+    auth: RayAuth | None = None
+    #: The auth variables this process had before the start, put back at the shut-down.
+    _auth_before: dict[str, str | None] = field(default_factory=dict, repr=False)
 
     @property
     def resources(self) -> dict[str, float]:
@@ -102,15 +107,175 @@ def forwarded_env(extra: list[str] | None = None) -> dict[str, str]:
     }
 
 
-def disable_ray_token_auth() -> None:
-    """Pin RAY_AUTH_MODE so a stale ``~/.ray/auth_token`` cannot lock out the driver.
+#: Ray's own settings of its token authentication (in the Ray versions that have it): the mode
+#: (``token`` | ``disabled``), the token, or a file that holds it.
+AUTH_MODE, AUTH_TOKEN, AUTH_TOKEN_PATH = "RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"
 
-    After any plain ``ray.init()`` Ray writes that file; a later head started with the
-    mode unset turns token auth on and the driver is refused (``InvalidAuthToken``).
-    A value the user set is kept.
+
+@dataclass(frozen=True)
+class RayAuth:
+    """How the Ray that raybricks starts, or the connection it makes, authenticates.
+
+    ``says``: the run's line. ``env``: Ray's auth variables as they are for this cluster
+    (its mode and, with a token, the token): set in this process while the cluster runs,
+    and given to the nodes Ray on Spark starts (a Spark executor does not see the
+    driver's environment). Never shown: its repr leaves it out."""
+
+    token: bool
+    says: str
+    env: dict[str, str] = field(default_factory=dict, repr=False)
+
+
+def token_auth_missing(mode: str) -> str | None:
+    """Why the installed Ray cannot run ``mode`` (spark | local | address) with a token,
+    or None where it can: Ray before token authentication (the Databricks runtimes' 2.37),
+    or a Ray on Spark that gives its nodes no environment computed on the driver."""
+    import ray
+
+    try:
+        from ray._raylet import AuthenticationTokenLoader, Config  # noqa: F401
+    except ImportError:
+        return f"Ray {ray.__version__} has none"
+    if mode == "spark":
+        import inspect
+
+        from ray.autoscaler._private.spark import spark_job_server
+        from ray.util.spark import cluster_init
+
+        server = getattr(spark_job_server, "SparkJobServer", None)  # holds the nodes' env
+        if not (callable(getattr(cluster_init, "_create_hook_entry", None)) and server
+                and "ray_node_custom_env" in inspect.signature(server).parameters):
+            return (f"Ray {ray.__version__}'s Ray on Spark gives raybricks no way to hand a "
+                    "token to its worker nodes")
+    return None
+
+
+def given_token(environ: dict[str, str] | os._Environ) -> tuple[str, str] | None:
+    """The token the environment gives (RAY_AUTH_TOKEN, else the file RAY_AUTH_TOKEN_PATH
+    names) and where it came from; None when it gives none. Ray's default file,
+    ``~/.ray/auth_token``, is not one: any plain ``ray.init()`` writes it (a stale one
+    would lock the driver out of a cluster started with another)."""
+    if environ.get(AUTH_TOKEN, "").strip():
+        return environ[AUTH_TOKEN].strip(), AUTH_TOKEN
+    path = environ.get(AUTH_TOKEN_PATH)
+    if not path:
+        return None
+    try:
+        token = Path(path).expanduser().read_text(encoding="utf-8").strip()
+    except OSError as exc:
+        raise SetupError(f"{AUTH_TOKEN_PATH}={path} cannot be read ({exc.strerror}): give "
+                         f"Ray's token in a readable file, or in {AUTH_TOKEN}") from None
+    if not token:
+        raise SetupError(f"{AUTH_TOKEN_PATH}={path} is empty: write Ray's token into it")
+    return token, AUTH_TOKEN_PATH
+
+
+def ray_auth(mode: str, environ: dict[str, str] | os._Environ | None = None) -> RayAuth:
+    """How Ray authenticates in ``mode`` (spark | local | address), from the environment.
+
+    spark and local (a Ray that raybricks starts): with a token where the installed Ray
+    has token authentication (generated for the cluster with ``secrets``, or the one
+    RAY_AUTH_TOKEN / RAY_AUTH_TOKEN_PATH gives); RAY_AUTH_MODE=disabled otherwise (Ray
+    2.37 has none). address (a Ray started elsewhere): with the token the environment
+    gives, else without (RAY_AUTH_MODE=disabled). A RAY_AUTH_MODE set before raybricks
+    is kept in every mode.
     """
-    if not os.environ.get("RAY_AUTH_MODE"):
-        os.environ["RAY_AUTH_MODE"] = "disabled"
+    environ = os.environ if environ is None else environ
+    chosen = environ.get(AUTH_MODE, "").strip()
+    missing = token_auth_missing(mode)
+    if chosen and chosen.lower() != "token":
+        if chosen.lower() == "disabled":
+            says = f"token authentication off ({AUTH_MODE}={chosen}, set before raybricks)"
+        else:
+            says = f"authentication as {AUTH_MODE}={chosen} says (set before raybricks)"
+        return RayAuth(False, f"Ray: {says}", {AUTH_MODE: chosen})
+    if missing:
+        kept = f" ({AUTH_MODE}={chosen} is ignored)" if chosen else ""
+        return RayAuth(False, f"Ray: token authentication off: {missing}{kept}",
+                       {AUTH_MODE: chosen or "disabled"})
+    given = given_token(environ)
+    if mode == "address":
+        if given is None and not chosen:
+            return RayAuth(False, "Ray: connecting without a token (a cluster that requires "
+                           f"one: give it in {AUTH_TOKEN})", {AUTH_MODE: "disabled"})
+        if given is None:  # RAY_AUTH_MODE=token: Ray finds the token (~/.ray/auth_token)
+            return RayAuth(True, f"Ray: connecting with a token ({AUTH_MODE}={chosen}, set "
+                           "before raybricks; the token where Ray looks for it)",
+                           {AUTH_MODE: chosen})
+        return RayAuth(True, f"Ray: connecting with the token in {given[1]}",
+                       {AUTH_MODE: "token", AUTH_TOKEN: given[0]})
+    if given is None:
+        import secrets
+
+        token, origin = secrets.token_hex(32), "a token made for this cluster"
+    else:
+        token, origin = given[0], f"the token in {given[1]}"
+    return RayAuth(True, f"Ray: token authentication on ({origin})",
+                   {AUTH_MODE: "token", AUTH_TOKEN: token})
+
+
+def _ray_auth_reloaded() -> None:
+    """Ray keeps its auth mode and token per process, read once: read them again from
+    this process' environment (before a ``ray.init``, after a ``ray.shutdown``)."""
+    try:
+        from ray._raylet import AuthenticationTokenLoader, Config
+    except ImportError:  # a Ray without token authentication
+        return
+    Config.initialize("")
+    AuthenticationTokenLoader.instance().reset_cache()
+
+
+def auth_env_set(env: dict[str, str]) -> dict[str, str | None]:
+    """Set ``env`` in this process (what Ray reads there too); the values it replaced
+    (None: unset), for ``auth_env_restored``."""
+    before = {name: os.environ.get(name) for name, value in env.items()
+              if os.environ.get(name) != value}
+    os.environ.update(env)
+    if before:
+        _ray_auth_reloaded()
+    return before
+
+
+def auth_env_restored(before: dict[str, str | None]) -> None:
+    """Put back the variables ``auth_env_set`` replaced."""
+    for name, value in before.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+    if before:
+        _ray_auth_reloaded()
+
+
+@contextlib.contextmanager
+def ray_nodes_given(env: dict[str, str]) -> Iterator[None]:
+    """Within: the nodes ``setup_ray_cluster`` starts (its head and the worker nodes in
+    Spark tasks, which do not see the driver's environment) get ``env`` too, through
+    its start hook's ``custom_environment_variables``, which Ray on Spark computes on the
+    driver and hands to every node it starts."""
+    from ray.util.spark import cluster_init
+
+    create = cluster_init._create_hook_entry
+
+    def with_env(*args: Any, **kwargs: Any) -> Any:
+        hook = create(*args, **kwargs)
+        own = hook.custom_environment_variables
+        hook.custom_environment_variables = lambda: {**own(), **env}
+        return hook
+
+    cluster_init._create_hook_entry = with_env
+    try:
+        yield
+    finally:
+        cluster_init._create_hook_entry = create
+
+
+def _say(line: str) -> None:
+    """A line of the run's output, within the open stage."""
+    from raybricks import console
+
+    if not getattr(console, "_quiet", False):
+        console.say("  " * getattr(console, "_depth", 0) + line)
 
 
 def shm_object_store_cap(nodes_on_this_machine: int = 1) -> int | None:
@@ -503,17 +668,25 @@ def start_ray(
     attached = _attach_if_connected(config)
     if attached is None:
         mode = resolve_mode(config)
-        disable_ray_token_auth()
         _refuse_if_ray_running()
-        runtime_env = {"env_vars": forwarded_env(config.forward_env)}
-        if mode == "address":
-            cluster = _connect(config.address or os.environ["RAY_ADDRESS"], runtime_env)
-        elif mode == "local":
+        if mode == "local":
             require_gpus(gpus, config.num_gpus_head_node or 0,
                          "a local Ray (cluster.num_gpus_head_node)")
-            cluster = _start_local(config, runtime_env)
-        else:
-            cluster = _start_on_spark(config, spark, runtime_env, gpus)
+        auth = ray_auth(mode)
+        log.info(auth.says)
+        before = auth_env_set(auth.env)  # the driver's Ray reads it, and the head's
+        try:
+            runtime_env = {"env_vars": forwarded_env(config.forward_env)}
+            if mode == "address":
+                cluster = _connect(config.address or os.environ["RAY_ADDRESS"], runtime_env)
+            elif mode == "local":
+                cluster = _start_local(config, runtime_env)
+            else:
+                cluster = _start_on_spark(config, spark, runtime_env, gpus, auth)
+        except BaseException:
+            auth_env_restored(before)
+            raise
+        cluster.auth, cluster._auth_before = auth, before
     else:
         cluster = attached
     if gpus and not autoscales(cluster):  # an autoscaling Ray adds its GPU nodes on demand
@@ -538,11 +711,28 @@ def _connect(address: str, runtime_env: dict[str, Any]) -> RayCluster:
     try:
         ray.init(address=address, runtime_env=runtime_env, log_to_driver=False)
     except (ConnectionError, RuntimeError) as exc:
+        refused = _refused_for_its_token(exc)
         raise ClusterError(
-            f"cannot connect to Ray at {address!r} ({exc}): check the address and that the "
-            "cluster is running (`ray status --address ...`)"
+            f"cannot connect to Ray at {address!r} ({exc}): " + (
+                "the cluster requires a token this driver did not send, or another one: "
+                f"give the cluster's token in {AUTH_TOKEN} (or a file named by "
+                f"{AUTH_TOKEN_PATH})" if refused else
+                "check the address and that the cluster is running (`ray status --address "
+                f"...`); a cluster that requires a token: give it in {AUTH_TOKEN}")
         ) from exc
     return RayCluster("address", address, {"address": address}, _owned=False)
+
+
+def _refused_for_its_token(exc: BaseException) -> bool:
+    """Whether Ray refused the connection for a missing or wrong token (what Ray says
+    of each attempt, in the error it chains)."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if re.search(r"InvalidAuthToken|Unauthenticated|AuthenticationError", str(seen)) \
+                or type(seen).__name__ == "AuthenticationError":
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 def _start_local(config: ClusterConfig, runtime_env: dict[str, Any]) -> RayCluster:
@@ -569,7 +759,7 @@ def _start_local(config: ClusterConfig, runtime_env: dict[str, Any]) -> RayClust
 
 def _start_on_spark(
     config: ClusterConfig, spark: SparkSession | None, runtime_env: dict[str, Any],
-    gpus: dict[str, float],
+    gpus: dict[str, float], auth: RayAuth | None = None,
 ) -> RayCluster:
     import ray
     from ray.util.spark import setup_ray_cluster, shutdown_ray_cluster
@@ -591,7 +781,11 @@ def _start_on_spark(
     _check_executor_environment(spark)
     log.info("starting Ray on Spark with %s (Spark: %s)", args, capacity)
     try:
-        with head_start_polled(), dashboard_bound(config.dashboard_host):
+        # the nodes' auth as the driver's (the worker nodes' Spark tasks see none of its
+        # environment): also "disabled", where a later Ray would turn a token on itself
+        nodes = (ray_nodes_given(auth.env) if auth and auth.env and not
+                 token_auth_missing("spark") else contextlib.nullcontext())
+        with head_start_polled(), dashboard_bound(config.dashboard_host), nodes:
             head_address, _client_address = setup_ray_cluster(**args)
     except Exception as exc:
         raise ClusterError(
@@ -767,6 +961,9 @@ def stop_ray(cluster: RayCluster | None) -> None:
     if cluster is not None and cluster.mode == "spark" and cluster._owned:
         stop_ray_on_spark()
         cluster._owned = False
+    if cluster is not None:
+        auth_env_restored(cluster._auth_before)
+        cluster._auth_before = {}
 
 
 @contextlib.contextmanager
@@ -792,6 +989,8 @@ def ray_cluster(
             with (stage("cluster", timings, "Ray: start (on Spark) or connect"),
                   ray_on_spark_output_logged(started), sigterm_kept_by_ray_init(install_again)):
                 cluster = start_ray(config, spark, gpus)
+                _say(cluster.auth.says if cluster.auth else
+                     "Ray: connected before; its authentication is left as it is")
             yield cluster
         finally:
             with stage("shutdown", timings, "Ray: shut down"):
