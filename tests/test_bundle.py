@@ -436,7 +436,7 @@ def test_training_cluster_runs_ray_on_spark_like_submit(bundle, job):
     assert cluster["data_security_mode"] == "SINGLE_USER"
     assert set(cluster["autoscale"]) == {"min_workers", "max_workers"}
     assert cluster["spark_conf"] == RAY_SPARK_CONF  # the same as `raybricks submit`
-    assert cluster["spark_env_vars"] == RAY_SPARK_ENV
+    assert cluster.get("spark_env_vars", {}) == RAY_SPARK_ENV
     for name, job in jobs_of(bundle).items():
         assert job["timeout_seconds"] > 0, name
         assert job["email_notifications"]["on_failure"], name

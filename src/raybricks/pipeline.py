@@ -546,9 +546,7 @@ def _train_source(config: JobConfig, spark: SparkSession, df: DataFrame, num_row
             lost = skipped.result() if skipped else None
             empty = lost.absent if lost else []
             total = None if on_ray else source_segments.result()
-            where = "Ray's tasks" if on_ray else "Spark's tasks"
-            with stage("training", timings,
-                       f"training on {where} (run {config.training.run_id})"):
+            with stage("training", timings, f"training (run {config.training.run_id})"):
                 result = train_segments(segmented, config, absent=empty, given_global=given,
                                         file_notes=lost.notes if lost else None,
                                         total=total)

@@ -42,7 +42,9 @@ ENTRY_POINT = "raybricks"
 DEFAULT_SPARK_VERSION = "16.4.x-cpu-ml-scala2.12"
 #: Spark conf and environment of a training cluster (bundles/training.job.yml sets the same).
 RAY_SPARK_CONF = {CHUNK_API_CONF: "true", "spark.task.cpus": "1"}
-RAY_SPARK_ENV = {"RAY_AUTH_MODE": "disabled"}
+#: (none: raybricks turns Ray's token authentication on where the cluster's Ray has it
+#: and off, saying so, where not: see docs/cluster.md)
+RAY_SPARK_ENV: dict[str, str] = {}
 DEFAULT_RUN_TIMEOUT_S = 4 * 3600
 #: Serverless jobs compute: the environment version a run gets unless told (its Python
 #: is 3.12, and its Databricks Connect is Spark 4's client: Databricks' release notes).
@@ -220,7 +222,7 @@ def new_cluster_spec(choice: ClusterChoice) -> compute.ClusterSpec:
         node_type_id=choice.node_type,
         data_security_mode=compute.DataSecurityMode.SINGLE_USER,
         spark_conf=dict(RAY_SPARK_CONF),
-        spark_env_vars=dict(RAY_SPARK_ENV),
+        spark_env_vars=dict(RAY_SPARK_ENV) or None,
         num_workers=low if low == high else None,
         autoscale=compute.AutoScale(min_workers=low, max_workers=high) if low < high else None,
     )
