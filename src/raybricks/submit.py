@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
+from raybricks import kinds
 from raybricks.config import JobConfig
 from raybricks.databricks import (
     CHUNK_API_CONF,
@@ -54,9 +55,6 @@ DEFAULT_ENVIRONMENT_VERSION = "4"
 SERVERLESS_PYTHON = {"1": (3, 10), "2": (3, 11), "3": (3, 12), "4": (3, 12)}
 #: The key of the run's one environment (bundles/serverless.job.yml uses the same).
 ENVIRONMENT_KEY = "raybricks"
-#: Which extras of the wheel a job config needs beyond its requirements: serverless
-#: environments have none of these libraries (a DBR ML cluster has some).
-KIND_EXTRAS = {"catboost": "catboost", "prophet": "prophet"}
 REMOTE_WHEEL_PREFIXES = ("/Workspace/", "/Volumes/", "dbfs:/", "s3://", "abfss://", "gs://")
 FINAL_STATES = {"TERMINATED", "SKIPPED", "INTERNAL_ERROR"}
 
@@ -260,9 +258,10 @@ def extras_for(config: JobConfig) -> list[str]:
     if config.forecast is not None and config.forecast.hierarchy is not None:
         extras.add("hierarchy")
     for candidate in config.models:
-        kind = candidate.kind.rsplit(":", 1)[-1]  # lags:catboost is catboost on lags
-        if kind in KIND_EXTRAS:
-            extras.add(KIND_EXTRAS[kind])
+        kind = kinds.resolve(candidate.kind)
+        kind = getattr(kind, "regressor", kind)  # lags:<kind>: the table kind's library
+        if kind.extra:  # serverless environments lack these libraries
+            extras.add(kind.extra)
         if candidate.search_method == "bayes":
             extras.add("bayes")
     return sorted(extras)

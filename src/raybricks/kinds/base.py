@@ -227,6 +227,9 @@ class StoredKind:
     requirements: ClassVar[tuple[str, ...]] = ()
     #: Whether the member predicts with the segmented model's global (fallback) model.
     uses_fallback: ClassVar[bool] = False
+    #: The raybricks extra that installs ``library`` where a runtime lacks it (e.g.
+    #: serverless environments: ``raybricks submit --serverless`` adds it); None: none.
+    extra: ClassVar[str | None] = None
 
     def __init__(self, candidate: Any) -> None:
         self.candidate = candidate

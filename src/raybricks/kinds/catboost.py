@@ -33,6 +33,7 @@ class CatBoostKind(ModelKind):
     name = "catboost"
     absolute_error = {"loss_function": "MAE"}
     library = "catboost"
+    extra = "catboost"
     model_input = staticmethod(catboost_input)
 
     @classmethod

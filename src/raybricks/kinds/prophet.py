@@ -71,6 +71,7 @@ def build(params: dict[str, Any], exogenous: list[str]) -> Any:
 class ProphetKind(ForecastKind):
     name = "prophet"
     library = "prophet"
+    extra = "prophet"
 
     @classmethod
     def check_config(cls, candidate: Any) -> None:
