@@ -48,6 +48,20 @@ def statuses(result) -> pd.DataFrame:
     return result.segments.set_index("store").sort_index()
 
 
+def assert_faults_fail_alone(rows: pd.DataFrame, lost: str) -> None:
+    """``faults.stores`` with hang, kill, memory and raise beside four regular stores,
+    trained with a 5 s limit: each fault ``failed`` with its reason (``lost``: how the
+    killed segment's begins), the regular stores trained."""
+    assert list(rows.index) == ["hang", "kill", "memory", "raise", "s0", "s1", "s2", "s3"]
+    assert (rows.loc[["s0", "s1", "s2", "s3"], "status"] == "trained").all(), rows.reason.to_dict()
+    assert (rows.loc[["hang", "kill", "memory", "raise"], "status"] == "failed").all()
+    assert rows.loc["hang", "reason"].startswith("timed out: still fitting after")
+    assert "training.segment_timeout_s=5" in rows.loc["hang", "reason"]
+    assert rows.loc["kill", "reason"].startswith(lost)
+    assert "MemoryError" in rows.loc["memory", "reason"]
+    assert "this segment's data breaks the model" in rows.loc["raise", "reason"]
+
+
 # --------------------------------------------------------------------------- faults
 
 
@@ -64,15 +78,7 @@ def test_faulty_segments_fail_alone_and_the_rest_of_their_block_trains(
     assert ds.num_blocks == 1
     config = fault_job(tmp_path, training={"segment_timeout_s": 5, "max_retries": 1})
     result = train_segments(ds, config)
-    rows = statuses(result)
-    assert list(rows.index) == ["hang", "kill", "memory", "raise", "s0", "s1", "s2", "s3"]
-    assert (rows.loc[["s0", "s1", "s2", "s3"], "status"] == "trained").all(), rows.reason.to_dict()
-    assert (rows.loc[["hang", "kill", "memory", "raise"], "status"] == "failed").all()
-    assert rows.loc["hang", "reason"].startswith("timed out: still fitting after")
-    assert "training.segment_timeout_s=5" in rows.loc["hang", "reason"]
-    assert rows.loc["kill", "reason"].startswith("worker lost after retries")
-    assert "MemoryError" in rows.loc["memory", "reason"]
-    assert "this segment's data breaks the model" in rows.loc["raise", "reason"]
+    assert_faults_fail_alone(statuses(result), "worker lost after retries")
     assert pipeline.reconcile(result, count_segments(df, ["store"])) == {
         "source_segments": 8, "trained": 4, "skipped": 0, "failed": 4, "duplicates": 0}
 
