@@ -308,7 +308,7 @@ def test_the_python_api_shows_its_stages_and_keeps_library_logs_in_the_run_log(
     assert re.search(r"^\S+ \S+ (INFO|WARNING) (mlflow\.|py\.warnings: \S*mlflow)",
                      logged, re.M), logged
     assert "mlflow." not in shown.out + shown.err
-    assert "INFO raybricks.training.engine: training 11 segments" in logged
+    assert "INFO raybricks.training.on_spark: training 11 segments" in logged
 
 
 USER_ERROR_JOB = """

@@ -282,6 +282,8 @@ def train_on_spark(segments: SparkSegments, task: Task, plan: Plan, config: JobC
     run's) in Spark's tasks, writing each run's Outcome into ``run_dir`` as it arrives.
     A job that fails (a task lost beyond Spark's retries) is run again for the segments
     without a result, each run in watched child processes."""
+    log.info("training %s segments (%d done before) in %d Spark partitions",
+             "the" if total is None else total, previous.num_rows, segments.partitions)
     limit = config.training.segment_timeout_s
     show = config.training.progress if progress is None else progress
     with console.progress_bar(total, "training", "segment", show) as bar:
