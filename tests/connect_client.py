@@ -3,8 +3,8 @@
     python tests/connect_client.py sc://HOST:PORT WORKDIR MODEL_URI FORECAST_URI
 
 Connects, then trains (on the Spark executor; the Ray executor refused), validates,
-scores and forecasts with raybricks' Python API; writes the outputs into WORKDIR and
-prints what it found as one JSON line.
+scores, forecasts, monitors and retrains two segments with raybricks' Python API; writes
+the outputs into WORKDIR and prints what it found as one JSON line.
 """
 
 from __future__ import annotations
@@ -49,6 +49,14 @@ def main(url: str, work: Path, model: str, forecasts: str) -> dict:
     found["summary"] = {"rows": summary.rows, "counts": summary.status_counts,
                         "nulls": summary.null_predictions}
     raybricks.forecast(forecasts, str(work / "forecast.parquet"), intervals=True)
+    # monitoring the model trained here on outcomes, then retraining two of its segments
+    monitored = raybricks.monitor(found["train"]["model"], str(work / "shops.parquet"),
+                                  str(work / "monitored.parquet"), log_run=False)
+    found["monitor"] = monitored.counts
+    retrained = raybricks.train(JobConfig.load(work / "job.yml", [
+        f"source.segments={work / 'listed.parquet'}", "registry.promote=replace"]))
+    found["retrain"] = {"counts": retrained.result.counts(),
+                        "version": retrained.publication.version}
     spark.stop()
     return found
 

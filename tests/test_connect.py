@@ -189,6 +189,7 @@ def test_on_spark_connect_training_scoring_and_forecasting_run(
     frame.to_parquet(tmp_path / "input.parquet")
     helpers.shops().to_parquet(tmp_path / "shops.parquet")
     job_yaml(tmp_path / "job.yml", tmp_path / "shops.parquet")
+    pd.DataFrame({"store": ["s1", "s2"]}).to_parquet(tmp_path / "listed.parquet")
     job_yaml(tmp_path / "missing.yml", tmp_path / "no-such-source.parquet")
 
     output = tmp_path / "cli.parquet"
@@ -216,6 +217,11 @@ def test_on_spark_connect_training_scoring_and_forecasting_run(
     assert on_connect.chosen.astype(str).tolist() == on_ray.chosen.astype(str).tolist()
     np.testing.assert_allclose(on_connect.metric_rmse.to_numpy(float),
                                on_ray.metric_rmse.to_numpy(float), rtol=1e-6, equal_nan=True)
+    # monitoring on the training rows: every segment judged; a retrain of two segments
+    # registers a version merged into the champion, on Spark's tasks too
+    assert sum(found["monitor"].values()) == 11
+    assert found["retrain"]["counts"] == {"trained": 2, "skipped": 0, "failed": 0}
+    assert int(found["retrain"]["version"]) == 2
     # validation reads the source over Connect
     assert found["validate"] == ["store", "x1", "x2", "color", "y", "day"]
     # scoring: what the classic path and MLflow's pyfunc predict

@@ -117,14 +117,56 @@ def spark_segments(df: DataFrame, segment_by: list[str], num_rows: int,
     return SparkSegments(df, list(segment_by), num_rows, max(min(partitions, num_rows), 1))
 
 
+def user_code_paths(plan: Plan) -> list[str]:
+    """Where the driver imports the user's code from (the folders above the modules of
+    the candidates' functions, kinds and estimators given by import path, outside
+    installed packages; and the working directory): what Ray puts on its workers' path,
+    which Spark's Python workers (in executors of their own) may not have."""
+    import importlib
+    import os
+    import sys
+
+    found = [os.getcwd()]
+    for candidate in plan.candidates:
+        for path in (candidate.function, candidate.estimator, candidate.kind):
+            if not path or "." not in path:
+                continue
+            module_name = path.rsplit(".", 1)[0]
+            module = sys.modules.get(module_name)
+            if module is None:
+                try:
+                    module = importlib.import_module(module_name)
+                except ImportError:
+                    continue
+            file = getattr(module, "__file__", None)
+            if not file or "site-packages" in file or "dist-packages" in file:
+                continue
+            root = Path(file).resolve().parents[module_name.count(".")]
+            found.append(str(root))
+    return list(dict.fromkeys(found))
+
+
+def on_path(paths: list[str]) -> None:
+    """Put the driver's code folders that this machine has on this worker's path."""
+    import os
+    import sys
+
+    for path in paths:
+        if path not in sys.path and os.path.isdir(path):
+            sys.path.append(path)
+
+
 def train_partition(batches: Iterator[pa.RecordBatch], task: Task, plan: Plan,
-                    run_bytes: int, isolated: Isolation | None = None
-                    ) -> Iterator[pa.RecordBatch]:
+                    run_bytes: int, isolated: Isolation | None = None,
+                    code_paths: tuple[str, ...] = ()) -> Iterator[pa.RecordBatch]:
     """A Spark task's body (``mapInArrow``): the partition's rows, sorted by the segment
     key, cut into runs of whole segments of about ``run_bytes``, each trained by
     ``train_block`` (``isolated``: in watched child processes, ``train_isolated``); one
-    row per run: its part name, segments and Outcome bytes."""
+    row per run: its part name, segments and Outcome bytes. ``code_paths``: the driver's
+    folders of the user's code (``user_code_paths``)."""
     from pyspark import TaskContext
+
+    on_path(list(code_paths))
 
     context = TaskContext.get()
     prefix = (f"part-spark-{context.partitionId():06d}-{context.attemptNumber()}-"
@@ -317,7 +359,7 @@ def _run(segments: SparkSegments, task: Task, plan: Plan, run_dir: Path,
     order = [*keys, *([plan.time_column] if plan.time_column else [])]
     laid_out = df.repartition(segments.partitions, *keys).sortWithinPartitions(*order)
     body = functools.partial(train_partition, task=task, plan=plan, run_bytes=RUN_BYTES,
-                             isolated=isolated)
+                             isolated=isolated, code_paths=tuple(user_code_paths(plan)))
     with workers_import_raybricks():
         for row in outcome_rows(laid_out.mapInArrow(body, OUTCOMES)):
             Outcome(row["segments"], row["results"], row["models"]).write(run_dir,

@@ -180,8 +180,12 @@ def global_training_rows(block: pa.Table, index: int, plan: Plan, fraction: floa
 
 
 def train_fallback(plan: Plan, *samples: pa.Table) -> tuple[SegmentResult, list[dict]]:
-    """Ray task body: one model over (a sample of) all rows, whatever the segment."""
-    frame = pa.concat_tables(samples, promote_options="permissive").to_pandas()
+    """A task's body (``Blocks.call``): one model over (a sample of) all rows, whatever
+    the segment; the rows in the order of their segment keys (and times), so the model
+    does not depend on how the executor cut the source into blocks."""
+    order = [(name, "ascending") for name in
+             [*plan.segment_by, *([plan.time_column] if plan.time_column else [])]]
+    frame = pa.concat_tables(samples, promote_options="permissive").sort_by(order).to_pandas()
     key = tuple(None for _ in plan.segment_by)
     return seg.train_segment(frame, key, plan)
 
