@@ -147,13 +147,17 @@ def user_code_paths(plan: Plan) -> list[str]:
 
 
 def on_path(paths: list[str]) -> None:
-    """Put the driver's code folders that this machine has on this worker's path."""
+    """Put the driver's code folders that this machine has first on this worker's path,
+    as they are on the driver's (an installed package of the same name, such as a
+    library's stray top-level ``tests``, must not shadow the user's)."""
     import os
     import sys
 
-    for path in paths:
-        if path not in sys.path and os.path.isdir(path):
-            sys.path.append(path)
+    for path in reversed(paths):
+        if os.path.isdir(path):
+            if path in sys.path:
+                sys.path.remove(path)
+            sys.path.insert(0, path)
 
 
 def train_partition(batches: Iterator[pa.RecordBatch], task: Task, plan: Plan,
