@@ -72,7 +72,8 @@ SERVER = "org.apache.spark.sql.connect.service.SparkConnectServer"
 
 @pytest.fixture(scope="module")
 def connect_server(tmp_path_factory):
-    """Spark's own Connect server (``local[2]``) in a process of its own, whose Python
+    """Spark's own Connect server (``local[2]``; the topology run's master, e.g. two
+    executor JVMs, under ``RAYBRICKS_TEST_MASTER``) in a process of its own, whose Python
     workers run this interpreter (and so have raybricks): a function that waits until it
     answers and returns its ``sc://127.0.0.1:PORT`` (it starts while other fixtures run)."""
     reason = connect_unavailable()
@@ -92,7 +93,8 @@ def connect_server(tmp_path_factory):
                 "spark.ui.enabled": "false", "spark.sql.session.timeZone": "UTC",
                 "spark.pyspark.python": sys.executable,
                 "spark.sql.warehouse.dir": str(work / "warehouse")}
-    command = [str(home / "bin" / "spark-submit"), "--master", "local[2]", "--class", SERVER,
+    master = os.environ.get("RAYBRICKS_TEST_MASTER") or "local[2]"
+    command = [str(home / "bin" / "spark-submit"), "--master", master, "--class", SERVER,
                "--name", "Spark Connect server"] + [
         word for key, value in settings.items() for word in ("--conf", f"{key}={value}")]
     log = work / "server.log"
@@ -177,6 +179,7 @@ def run_together(commands: dict[str, list[str]], cwd: Path, env: dict[str, dict[
 
 
 @pytest.mark.heavy
+@pytest.mark.topology
 def test_on_spark_connect_training_scoring_and_forecasting_run(
         connect_server, models, spark, tmp_path):
     import mlflow

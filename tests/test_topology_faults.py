@@ -263,7 +263,7 @@ def test_an_executor_killed_mid_training_loses_no_segment_and_resume_finishes_th
     would succeed at once: that is checked as strictly, if it happens.)"""
     config = make_job(tmp_path, stores=48, rows=1000, sleep=0.2)
     command = ["raybricks", "train", "--config", str(config), "--master", MASTER,
-               "--set", "training.run_id=lost"]
+               "--set", "training.run_id=lost", "--set", "training.executor=ray"]
     run_dir = tmp_path / "runs" / "lost"
 
     killed = Train(tmp_path, command, "killed", str(config.parent))
@@ -348,7 +348,7 @@ def test_a_ray_node_killed_while_ray_starts_is_replaced_and_sigterm_in_a_spark_j
     config = make_job(tmp_path, stores=48, rows=1000, sleep=0.2)
     staging = config.parent / "staging"
     command = ["raybricks", "train", "--config", str(config), "--master", MASTER,
-               "--set", "training.run_id=sigterm"]
+               "--set", "training.run_id=sigterm", "--set", "training.executor=ray"]
     run = Train(tmp_path, command, "sigterm", str(config.parent))
     try:
         first = run.wait_for("a Ray worker node's raylet", lambda: next(
@@ -377,7 +377,8 @@ def test_a_ray_node_killed_while_ray_starts_is_replaced_and_sigterm_in_a_spark_j
     assert code == 130, run.tail()
     assert ended_s < 15
     assert "x data: the source as Ray blocks by segment: stopped after" in out
-    assert resume_command(err) == [*command[:4], "--set", f"spark.master={MASTER}", "--set",
+    assert resume_command(err) == [*command[:4], "--set", "training.executor=ray", "--set",
+                                   f"spark.master={MASTER}", "--set",
                                    "training.resume=true", "--set", "training.run_id=sigterm"]
     assert "Traceback" not in err
     assert not left, left
