@@ -106,6 +106,8 @@ def fit_global_models(blocks: Blocks, plan: Plan, config: JobConfig, num_rows: i
     backtest compares) and over whole series (the fallback, last), from the series of
     every block (sampled to about GLOBAL_ROWS rows); or no models and why."""
     fraction = min(1.0, GLOBAL_ROWS / max(num_rows, 1))
+    log.info("global model: fitted in %s on a sample of at most %d rows", blocks.calls_on,
+             GLOBAL_ROWS)
     parts = blocks.map(global_model.series_rows, plan, fraction)
     return blocks.get([blocks.call(global_model.fit_global, global_model.global_candidate(config),
                                    plan, *parts, num_cpus=plan.threads)])[0]

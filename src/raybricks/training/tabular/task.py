@@ -6,6 +6,7 @@ segments, spreading the settings of a few segments over Ray tasks, and the input
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from collections.abc import Callable
@@ -37,6 +38,8 @@ from raybricks.training.plan import (
 from raybricks.training.selection import Evaluation, SegmentResult
 from raybricks.training.tabular import segment as seg
 from raybricks.training.tabular.large import train_large_segments
+
+log = logging.getLogger(__name__)
 
 UNSUPPORTED = (pa.types.is_nested, pa.types.is_binary, pa.types.is_large_binary)
 
@@ -323,6 +326,8 @@ def run_fallback(blocks: Blocks, whole: Plan, config: JobConfig, num_rows: int,
     if config.fallback != "global":
         return None
     fraction = min(1.0, FALLBACK_ROWS / max(num_rows, 1))
+    log.info("global model: fitted in %s on a sample of at most %d rows", blocks.calls_on,
+             FALLBACK_ROWS)
     samples = blocks.map(sample_block, fraction, whole.seed, whole.columns)
     [(row, members)] = blocks.get([blocks.call(train_fallback, whole, *samples)])
     return keep_fallback(run_dir, {k: v for k, v in row.as_row(whole).items()
