@@ -43,7 +43,7 @@ from urllib.parse import unquote
 
 from raybricks import console, csv_files, parquet
 from raybricks.errors import DataError, SourceNotFound
-from raybricks.session import is_spark_connect
+from raybricks.session import is_spark_connect, spark_cores
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
@@ -454,8 +454,8 @@ SMALL_FILES = {"spark.sql.sources.parallelPartitionDiscovery.parallelism": "{tas
 def _small_files(spark: SparkSession) -> Iterator[None]:
     """``SMALL_FILES`` set on the session while the files are listed and first read
     (on Spark Connect: those the session allows; the listing's tasks left to Spark where
-    its cores are not known, ``_cores``)."""
-    cores = _cores(spark)
+    its cores are not known, ``session.spark_cores``)."""
+    cores = spark_cores(spark)
     wanted = {name: value.format(tasks=max(4 * cores, 8)) for name, value
               in SMALL_FILES.items() if cores is not None or "{tasks}" not in value}
     before = {}
@@ -474,26 +474,6 @@ def _small_files(spark: SparkSession) -> Iterator[None]:
                 spark.conf.unset(name)
             else:
                 spark.conf.set(name, value)
-
-
-def _cores(spark: SparkSession) -> int | None:
-    """Spark's default parallelism: the SparkContext's on a classic session; on Spark
-    Connect (no context) ``spark.default.parallelism`` where set, else the cores of a
-    ``local[N]`` or ``local-cluster[N,C,M]`` master, else None."""
-    if not is_spark_connect(spark):
-        return spark.sparkContext.defaultParallelism
-    try:
-        given = spark.conf.get("spark.default.parallelism", None)
-        master = spark.conf.get("spark.master", None) or ""
-    except Exception:  # noqa: BLE001 - a session that shows neither
-        return None
-    if given and str(given).strip().isdigit():
-        return int(given)
-    local = re.fullmatch(r"local\[(\d+)(?:,\d+)?\]", master)
-    cluster = re.fullmatch(r"local-cluster\[(\d+),\s*(\d+),.*\]", master)
-    if local:
-        return int(local.group(1))
-    return int(cluster.group(1)) * int(cluster.group(2)) if cluster else None
 
 
 def _listing(spark: SparkSession, frame: DataFrame) -> DataFrame:

@@ -519,29 +519,28 @@ def _train_source(config: JobConfig, spark: SparkSession, df: DataFrame, num_row
     refit = (given is None and config.source.segments is not None and source is not None
              and config.fallback == "global" and config.global_model == "refit")
     on_ray = config.training.executor == "ray"
+
+    def laid_out(frame: DataFrame, rows: int | None = None):
+        """``frame`` as the executor trains it: Ray blocks, or Spark's layout."""
+        if on_ray:
+            return to_ray_dataset(frame, config.segment_by, strategy=config.data.strategy,
+                                  max_block_rows=config.data.max_block_rows,
+                                  staging_dir=config.data.staging_dir, num_rows=rows)
+        return spark_segments(frame, config.segment_by,
+                              frame.count() if rows is None else rows, spark)
+
     with (ray_cluster(config.cluster, spark, timings, config.gpu_candidates()) if on_ray
           else contextlib.nullcontext()):
         with stage("data", timings, "data: the source as Ray blocks by segment" if on_ray
                    else "data: the source laid out by segment for Spark's tasks"):
-            segmented = (to_ray_dataset(
-                df, config.segment_by, strategy=config.data.strategy,
-                max_block_rows=config.data.max_block_rows,
-                staging_dir=config.data.staging_dir, num_rows=num_rows,
-            ) if on_ray else spark_segments(df, config.segment_by, num_rows, spark))
+            segmented = laid_out(df, num_rows)
         whole = None
         if refit:
             with stage("global data", timings, "global data: the whole source, for the "
                        "global model"):
-                whole_df = read_columns(config, source)
-                whole = (to_ray_dataset(whole_df, config.segment_by,
-                                        strategy=config.data.strategy,
-                                        max_block_rows=config.data.max_block_rows,
-                                        staging_dir=config.data.staging_dir) if on_ray
-                         else spark_segments(whole_df, config.segment_by, whole_df.count(),
-                                             spark))
-                given = GivenGlobal(blocks=RayBlocks(whole.block_refs(), whole.segment_by,
-                                                     whole.segments) if on_ray
-                                    else whole.blocks(), num_rows=whole.num_rows)
+                whole = laid_out(read_columns(config, source))
+                given = GivenGlobal(blocks=RayBlocks.of(whole) if on_ray else whole.blocks(),
+                                    num_rows=whole.num_rows)
         try:
             lost = skipped.result() if skipped else None
             empty = lost.absent if lost else []
@@ -569,11 +568,12 @@ def reconcile_levels(result: TrainingResult, config: JobConfig, on_ray: bool = T
     driver), said in the log and console."""
     from raybricks.reconciliation import reconcile
 
+    cpus = 1
     if on_ray:
         import ray
 
         cpus = int(ray.cluster_resources().get("CPU", 1))
-    found = reconcile(result, config, cpus if on_ray else 1, on_ray)
+    found = reconcile(result, config, cpus, on_ray)
     log.info("%s", found.describe())
     console.say(found.describe())
 

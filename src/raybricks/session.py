@@ -107,6 +107,26 @@ def require_spark_context(spark: object, what: str, otherwise: str = "") -> None
         )
 
 
+def spark_cores(spark: object) -> int | None:
+    """Spark's default parallelism: the SparkContext's on a classic session; on Spark
+    Connect (no context) ``spark.default.parallelism`` where set, else the cores of a
+    ``local[N]`` or ``local-cluster[N,C,M]`` master, else None."""
+    if not is_spark_connect(spark):
+        return spark.sparkContext.defaultParallelism
+    try:
+        given = spark.conf.get("spark.default.parallelism", None)
+        master = spark.conf.get("spark.master", None) or ""
+    except Exception:  # noqa: BLE001 - a session that shows neither
+        return None
+    if given and str(given).strip().isdigit():
+        return int(given)
+    local = re.fullmatch(r"local\[(\d+)(?:,\d+)?\]", master)
+    cluster = re.fullmatch(r"local-cluster\[(\d+),\s*(\d+),.*\]", master)
+    if local:
+        return int(local.group(1))
+    return int(cluster.group(1)) * int(cluster.group(2)) if cluster else None
+
+
 #: Where Spark reads ``spark.master`` when nothing else names one.
 SPARK_DEFAULTS = "spark-defaults.conf"
 

@@ -26,7 +26,13 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import pyarrow as pa
 
-from raybricks.data import BlockSegments, collect_arrow, segment_bounds, sort_by_segment
+from raybricks.data import (
+    BlockSegments,
+    SegmentedDataset,
+    collect_arrow,
+    segment_bounds,
+    sort_by_segment,
+)
 from raybricks.errors import SetupError
 from raybricks.training.remote import remote
 
@@ -64,6 +70,11 @@ class RayBlocks:
     def __init__(self, refs: list, segment_by: Sequence[str],
                  segments: Sequence[BlockSegments]) -> None:
         self.refs, self.segment_by, self.segments = refs, list(segment_by), segments
+
+    @classmethod
+    def of(cls, dataset: SegmentedDataset) -> RayBlocks:
+        """The blocks of a ``data.SegmentedDataset``."""
+        return cls(dataset.block_refs(), dataset.segment_by, dataset.segments)
 
     def map(self, fn: Callable, *args: Any, returns: int = 1) -> list:
         task = remote(fn, num_returns=returns) if returns > 1 else remote(fn)

@@ -208,8 +208,7 @@ def train_segments(
     threads = max(int(max(c.resources.num_cpus for c in config.models)), 1)
     task = task_of(config)
     on_ray = isinstance(segmented, SegmentedDataset)
-    blocks = (RayBlocks(segmented.block_refs(), segmented.segment_by, segmented.segments)
-              if on_ray else segmented.blocks())
+    blocks = RayBlocks.of(segmented) if on_ray else segmented.blocks()
     plan = task.plan(config, segmented.schema, threads)
     if not on_ray:  # no Ray Train: a large segment trains in one task, with its threads
         plan = replace_plan(plan, large_segment_rows=0)

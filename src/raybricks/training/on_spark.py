@@ -44,6 +44,7 @@ from raybricks.config import JobConfig
 from raybricks.data import arrow_size_estimate, segment_starts
 from raybricks.errors import SetupError
 from raybricks.results import Outcome, read_parts
+from raybricks.sources import join_on_segments
 from raybricks.training.blocks import SparkBlocks, workers_import_raybricks
 from raybricks.training.packed import limit_threads, train_block
 from raybricks.training.plan import Plan
@@ -87,24 +88,12 @@ class SparkSegments:
 
 
 def session_cores(spark: SparkSession) -> int:
-    """The cores Spark's tasks run on: the SparkContext's default parallelism; on Spark
-    Connect (no SparkContext) ``spark.default.parallelism`` where set, the N of a
-    ``local[N]`` master, else the shuffle partitions (200 by default)."""
-    from raybricks.session import is_spark_connect
+    """The cores Spark's tasks run on (``session.spark_cores``), else (a Spark Connect
+    session that shows none) the shuffle partitions (200 by default)."""
+    from raybricks.session import spark_cores
 
-    if not is_spark_connect(spark):
-        return max(int(spark.sparkContext.defaultParallelism), 1)
-    for key in ("spark.default.parallelism", "spark.master"):
-        try:
-            value = spark.conf.get(key, None)
-        except Exception:  # noqa: BLE001 - a conf the server does not expose
-            value = None
-        if value and key == "spark.master" and value.startswith("local["):
-            value = value[len("local["):].split(",")[0].rstrip("]")
-            return max(int(value), 1) if value.isdigit() else 1
-        if value and value.isdigit():
-            return max(int(value), 1)
-    return max(int(spark.conf.get("spark.sql.shuffle.partitions", "200")), 1)
+    cores = spark_cores(spark) or int(spark.conf.get("spark.sql.shuffle.partitions", "200"))
+    return max(int(cores), 1)
 
 
 def spark_segments(df: DataFrame, segment_by: list[str], num_rows: int,
@@ -355,11 +344,9 @@ def _run(segments: SparkSegments, task: Task, plan: Plan, run_dir: Path,
     df = segments.df
     keys = plan.segment_by
     if previous.num_rows:  # a resumed run: only the segments without a result
-        spark = df.sparkSession
-        done = spark.createDataFrame(previous.select(keys).to_pandas())
-        on = functools.reduce(lambda a, b: a & b,
-                              [df[name].eqNullSafe(done[name]) for name in keys])
-        df = df.join(done, on, "left_anti")
+        done = df.sparkSession.createDataFrame(previous.select(keys).to_pandas(),
+                                               schema=df.select(*keys).schema)
+        df = join_on_segments(df, done, keys, "left_anti")
     order = [*keys, *([plan.time_column] if plan.time_column else [])]
     laid_out = df.repartition(segments.partitions, *keys).sortWithinPartitions(*order)
     body = functools.partial(train_partition, task=task, plan=plan, run_bytes=RUN_BYTES,
