@@ -9,6 +9,7 @@ validation, scoring and forecasting run on it too.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -16,6 +17,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
 from importlib.metadata import PackageNotFoundError, requires, version
 from pathlib import Path
 
@@ -70,28 +72,27 @@ def free_port() -> int:
 SERVER = "org.apache.spark.sql.connect.service.SparkConnectServer"
 
 
-@pytest.fixture(scope="module")
-def connect_server(tmp_path_factory):
+@contextlib.contextmanager
+def serving(work: Path, python: str) -> Iterator[Callable[[], str]]:
     """Spark's own Connect server (``local[2]``; the topology run's master, e.g. two
     executor JVMs, under ``RAYBRICKS_TEST_MASTER``) in a process of its own, whose Python
-    workers run this interpreter (and so have raybricks): a function that waits until it
-    answers and returns its ``sc://127.0.0.1:PORT`` (it starts while other fixtures run)."""
+    workers run ``python``: a function that waits until it answers and returns its
+    ``sc://127.0.0.1:PORT`` (it starts while other fixtures run)."""
     reason = connect_unavailable()
     if reason:
         pytest.skip(reason)
     import pyspark
 
     home = Path(pyspark.__file__).parent
-    work = tmp_path_factory.mktemp("connect-server")
     port = free_port()
     env = {**os.environ, "SPARK_HOME": str(home), "SPARK_LOCAL_IP": "127.0.0.1",
-           "PYSPARK_PYTHON": sys.executable,
+           "PYSPARK_PYTHON": python,
            "PATH": str(Path(sys.executable).parent) + os.pathsep + os.environ["PATH"]}
     settings = {"spark.connect.grpc.binding.address": "127.0.0.1",
                 "spark.connect.grpc.binding.port": str(port),
                 "spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1",
                 "spark.ui.enabled": "false", "spark.sql.session.timeZone": "UTC",
-                "spark.pyspark.python": sys.executable,
+                "spark.pyspark.python": python,
                 "spark.sql.warehouse.dir": str(work / "warehouse")}
     master = os.environ.get("RAYBRICKS_TEST_MASTER") or "local[2]"
     command = [str(home / "bin" / "spark-submit"), "--master", master, "--class", SERVER,
@@ -115,13 +116,21 @@ def connect_server(tmp_path_factory):
 
     try:
         yield address
-    finally:  # the server this fixture started, by its process
+    finally:  # the server this function started, by its process
         server.send_signal(signal.SIGTERM)
         try:
             server.wait(timeout=30)
         except subprocess.TimeoutExpired:
             server.kill()
             server.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def connect_server(tmp_path_factory):
+    """A Connect server whose Python workers run this interpreter (and so have
+    raybricks)."""
+    with serving(tmp_path_factory.mktemp("connect-server"), sys.executable) as address:
+        yield address
 
 
 @pytest.fixture(scope="module")
@@ -143,7 +152,7 @@ def models(ray_on_spark, spark, tmp_path_factory):
     return f"models:/{MODEL}@champion", f"models:/{FORECASTS}@champion", on_ray
 
 
-def job_yaml(path: Path, source: Path) -> Path:
+def job_yaml(path: Path, source: Path, name: str = "tests.connect.trained") -> Path:
     """The job ``models`` trains on Ray (tests.test_training.job with its first
     candidate, fallback global), as YAML over ``source``."""
     path.write_text(f"""
@@ -158,7 +167,7 @@ models:
   - {{name: ridge, kind: sklearn, estimator: sklearn.linear_model.Ridge,
       search: {{alpha: [0.1, 10.0]}}}}
 training: {{output_dir: "{path.parent / 'runs'}", progress: false}}
-registry: {{name: tests.connect.trained, promote: always}}
+registry: {{name: {name}, promote: always}}
 """)
     return path
 
@@ -260,3 +269,54 @@ def test_on_spark_connect_training_scoring_and_forecasting_run(
     np.testing.assert_allclose(
         pd.read_parquet(output).sort_values("row_id").prediction.to_numpy(), expected,
         rtol=1e-9)
+
+
+#: What a Python worker runs first (``sitecustomize``): sys.path without raybricks' source
+#: folder, as a serverless environment without the wheel has it.
+WITHOUT_RAYBRICKS = """
+import os, sys
+sys.path[:] = [p for p in sys.path
+               if not os.path.isfile(os.path.join(p or ".", "raybricks", "__init__.py"))]
+"""
+
+
+@pytest.mark.heavy
+@pytest.mark.topology
+def test_workers_without_raybricks_get_the_drivers_copy(tmp_path):
+    """A Connect server whose Python workers cannot import raybricks (as a serverless
+    environment without the wheel): ``raybricks train`` ships the driver's copy with
+    addArtifacts, says so, trains on Spark's tasks and registers; ``raybricks score`` over
+    the same server predicts what MLflow's pyfunc predicts."""
+    import mlflow
+
+    hidden = tmp_path / "hidden"
+    hidden.mkdir()
+    (hidden / "sitecustomize.py").write_text(WITHOUT_RAYBRICKS)
+    worker = tmp_path / "python"
+    worker.write_text(f"#!/bin/sh\nPYTHONPATH={hidden} exec {sys.executable} \"$@\"\n")
+    worker.chmod(0o755)
+    check = subprocess.run([str(worker), "-c", "import raybricks.config"],
+                           capture_output=True, text=True, cwd=tmp_path)
+    assert "No module named 'raybricks" in check.stderr  # the workers' Python lacks it
+    helpers.shops().to_parquet(tmp_path / "shops.parquet")
+    job_yaml(tmp_path / "job.yml", tmp_path / "shops.parquet", "tests.connect.shipped")
+    frame = helpers.shops().drop(columns=["y"]).assign(row_id=lambda f: np.arange(len(f)))
+    frame.to_parquet(tmp_path / "input.parquet")
+    with serving(tmp_path, str(worker)) as address:
+        remote = {"SPARK_REMOTE": address()}
+        trained = run_together({"train": [sys.executable, "-m", "raybricks.cli", "train",
+                                          "--config", str(tmp_path / "job.yml")]},
+                               tmp_path, {"train": remote})["train"]
+        assert trained.returncode == 0, trained.stderr[-3000:]
+        assert "cannot import raybricks: shipped the driver's copy" in trained.stdout
+        assert "executor: spark" in trained.stdout
+        uri = "models:/tests.connect.shipped@champion"
+        scored = run_together({"score": [
+            sys.executable, "-m", "raybricks.cli", "score", "--model", uri, "--input",
+            str(tmp_path / "input.parquet"), "--output", str(tmp_path / "scored.parquet")]},
+            tmp_path, {"score": remote})["score"]
+    assert scored.returncode == 0, scored.stderr[-3000:]
+    assert "shipped the driver's copy" in scored.stdout
+    expected = np.asarray(mlflow.pyfunc.load_model(uri).predict(frame))
+    found = pd.read_parquet(tmp_path / "scored.parquet").sort_values("row_id")
+    np.testing.assert_allclose(found.prediction.to_numpy(), expected, rtol=1e-9)

@@ -187,18 +187,21 @@ def wall_time(timings: dict[str, float], seconds: float) -> str:
 def spark_session(spark: SparkSession | None = None, config: SparkConfig | None = None,
                   timings: dict[str, float] | None = None) -> SparkSession:
     """``spark``, else the active session, else one raybricks starts (``config``): a stage
-    of its own, ``spark``; a given or active session costs nothing."""
-    if spark is not None:
-        return spark
-    from raybricks.cluster import spark_session as started
+    of its own, ``spark``; a given or active session costs nothing (on Spark Connect, its
+    workers are asked once whether they import raybricks: ``workers.ship_to_workers``)."""
+    from raybricks.workers import ship_to_workers
 
-    if "pyspark" in sys.modules:  # else no session can be active: its import is the stage's
+    if spark is None and "pyspark" in sys.modules:  # else none can be active yet
         from raybricks.session import active_spark
 
-        if (active := active_spark()) is not None:
-            return active
-    with stage("spark", timings, "Spark: start a session"):
-        return started(config)
+        spark = active_spark()
+    if spark is None:
+        from raybricks.cluster import spark_session as started
+
+        with stage("spark", timings, "Spark: start a session"):
+            spark = started(config)
+    ship_to_workers(spark)  # Spark Connect workers without raybricks get the driver's
+    return spark
 
 
 @contextlib.contextmanager

@@ -18,9 +18,8 @@ number, for seeds and ids unique in the job.
 
 from __future__ import annotations
 
-import contextlib
 import pickle
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -33,8 +32,8 @@ from raybricks.data import (
     segment_bounds,
     sort_by_segment,
 )
-from raybricks.errors import SetupError
 from raybricks.training.remote import remote
+from raybricks.workers import workers_import_raybricks
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -98,24 +97,6 @@ class RayBlocks:
                             in segment_bounds(table, self.segment_by)
                             if key is None or found == key)
         return None
-
-
-@contextlib.contextmanager
-def workers_import_raybricks() -> Iterator[None]:
-    """Spark jobs whose Python workers run raybricks' code: a worker that cannot import
-    it (a Spark Connect server, a serverless environment without the wheel) fails the
-    job with a SetupError that says how to give it to them."""
-    try:
-        yield
-    except Exception as exc:
-        if "No module named 'raybricks" not in str(exc):
-            raise
-        raise SetupError(
-            "Spark's Python workers cannot import raybricks, which the Spark executor runs "
-            "in them: install the raybricks wheel where Spark's tasks run (serverless: "
-            "the job's or notebook's environment dependencies; a standard access mode "
-            "cluster: a cluster library), or ship it from the driver with "
-            "spark.addArtifacts(PATH_TO_A_ZIP_OF_THE_PACKAGE, pyfile=True)") from exc
 
 
 #: The rows ``SparkBlocks.map`` brings back: the partition's number, its pickled result.

@@ -54,7 +54,7 @@ from raybricks.results import (
 )
 from raybricks.segmented_model import KeyIndex
 from raybricks.training.blocks import Blocks, RayBlocks
-from raybricks.training.on_spark import SparkSegments, train_on_spark
+from raybricks.training.on_spark import SparkSegments, train_on_spark, user_modules
 from raybricks.training.packed import (
     TimeoutBoard,
     Watch,
@@ -78,6 +78,7 @@ from raybricks.training.selection import (
     results_table,
 )
 from raybricks.training.tasks import Task, task_of
+from raybricks.workers import ship_to_workers
 
 log = logging.getLogger(__name__)
 
@@ -212,6 +213,7 @@ def train_segments(
     plan = task.plan(config, segmented.schema, threads)
     if not on_ray:  # no Ray Train: a large segment trains in one task, with its threads
         plan = replace_plan(plan, large_segment_rows=0)
+        ship_to_workers(segmented.df.sparkSession, ["raybricks", *user_modules(plan)])
     if file_notes is not None:
         plan = replace_plan(plan, file_notes=file_notes)
     shared = task.share(blocks, plan, config, segmented.num_rows, given_global)

@@ -45,10 +45,11 @@ from raybricks.data import arrow_size_estimate, segment_starts
 from raybricks.errors import SetupError
 from raybricks.results import Outcome, read_parts
 from raybricks.sources import join_on_segments
-from raybricks.training.blocks import SparkBlocks, workers_import_raybricks
+from raybricks.training.blocks import SparkBlocks
 from raybricks.training.packed import limit_threads, train_block
 from raybricks.training.plan import Plan
 from raybricks.training.tasks import Task
+from raybricks.workers import workers_import_raybricks
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -106,16 +107,14 @@ def spark_segments(df: DataFrame, segment_by: list[str], num_rows: int,
     return SparkSegments(df, list(segment_by), num_rows, max(min(partitions, num_rows), 1))
 
 
-def user_code_paths(plan: Plan) -> list[str]:
-    """Where the driver imports the user's code from (the folders above the modules of
-    the candidates' functions, kinds and estimators given by import path, outside
-    installed packages; and the working directory): what Ray puts on its workers' path,
-    which Spark's Python workers (in executors of their own) may not have."""
+def user_modules(plan: Plan) -> dict[str, Path]:
+    """The user's modules the candidates name by import path (functions, kinds,
+    estimators), outside installed packages, each with the folder the driver imports it
+    from."""
     import importlib
-    import os
     import sys
 
-    found = [os.getcwd()]
+    found = {}
     for candidate in plan.candidates:
         for path in (candidate.function, candidate.estimator, candidate.kind):
             if not path or "." not in path:
@@ -130,9 +129,17 @@ def user_code_paths(plan: Plan) -> list[str]:
             file = getattr(module, "__file__", None)
             if not file or "site-packages" in file or "dist-packages" in file:
                 continue
-            root = Path(file).resolve().parents[module_name.count(".")]
-            found.append(str(root))
-    return list(dict.fromkeys(found))
+            found[module_name] = Path(file).resolve().parents[module_name.count(".")]
+    return found
+
+
+def user_code_paths(plan: Plan) -> list[str]:
+    """Where the driver imports the user's code from (``user_modules``' folders, and the
+    working directory): what Ray puts on its workers' path, which Spark's Python workers
+    (in executors of their own) may not have."""
+    import os
+
+    return list(dict.fromkeys([os.getcwd(), *map(str, user_modules(plan).values())]))
 
 
 def on_path(paths: list[str]) -> None:
