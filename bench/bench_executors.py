@@ -156,9 +156,13 @@ def train_once(job: dict[str, Any], executor: str, spark, runs: Path) -> dict[st
 
 def auto_choice(job: dict[str, Any], spark, rows: int) -> tuple[str, str]:
     from raybricks.config import JobConfig
+    from raybricks.data import segment_sizes
     from raybricks.pipeline import choose_executor
+    from raybricks.sources import read_source
 
-    return choose_executor(JobConfig.from_dict(job), spark, rows)
+    config = JobConfig.from_dict(job)
+    return choose_executor(config, spark, rows, lambda: segment_sizes(
+        read_source(config.source, spark), config.segment_by))
 
 
 def training_jobs(names: list[str], executors: list[str], rows: int, workdir: Path,

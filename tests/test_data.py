@@ -228,10 +228,13 @@ def test_split_into_blocks_keeps_segments_whole_and_bounds_size():
 
 @pytest.mark.topology
 def test_segment_count_agrees_between_spark_and_ray(ray_on_spark, sales):
-    from raybricks.data import count_segments
+    from raybricks.data import segment_sizes
 
     segmented = to_ray_dataset(sales, ["store", "item"], strategy="parquet", max_block_rows=500)
-    assert segmented.count_segments() == count_segments(sales, ["store", "item"]) == 121
+    sizes = segment_sizes(sales, ["store", "item"])
+    assert segmented.count_segments() == sizes.segments == 121
+    largest = sales.toPandas().groupby(["store", "item"], dropna=False).size().max()
+    assert sizes.largest == largest
 
 
 # --------------------------------------------------------------------------- chunks

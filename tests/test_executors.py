@@ -12,9 +12,9 @@ import pytest
 
 from raybricks import scoring, tracking
 from raybricks.config import JobConfig
-from raybricks.data import to_ray_dataset
+from raybricks.data import SegmentSizes, to_ray_dataset
 from raybricks.errors import ConfigError
-from raybricks.pipeline import AUTO_SPARK_MAX_ROWS, choose_executor
+from raybricks.pipeline import choose_executor
 from raybricks.training import train_segments
 from raybricks.training.on_spark import spark_segments
 from tests import helpers
@@ -112,25 +112,57 @@ class FakeSession:
     __module__ = "pyspark.sql.connect.session"
 
 
-def test_auto_takes_spark_on_connect_and_for_small_jobs(spark, tmp_path):
-    config = job(tmp_path)
-    assert choose_executor(config, spark, 1_000)[0] == "spark"
-    executor, why = choose_executor(config, spark, AUTO_SPARK_MAX_ROWS + 1)
-    assert executor == "ray" and f"{AUTO_SPARK_MAX_ROWS:,}" in why
+def sized(segments: int, largest: int):
+    """A job's segment sizes, as ``choose_executor`` asks for them (counting the calls)."""
+    def sizes() -> SegmentSizes:
+        sizes.calls += 1
+        return SegmentSizes(segments, largest)
+
+    sizes.calls = 0
+    return sizes
+
+
+def unasked() -> SegmentSizes:
+    raise AssertionError("the segment sizes were waited for where the choice needs none")
+
+
+def test_auto_takes_ray_only_for_what_spark_tasks_cannot_do(spark, tmp_path):
+    """auto: Spark's tasks unless the job has GPU candidates, says how to run Ray, holds a
+    tabular segment above large_segment_rows or a search over fewer segments than cores;
+    the sizes (a Spark job) are waited for only where they decide."""
+    plain = job(tmp_path, models=[CANDIDATES[2]])
+    large = plain.training.large_segment_rows
+    executor, why = choose_executor(plain, spark, large, unasked)
+    assert executor == "spark" and f"{large:,} rows" in why
+    assert choose_executor(plain, spark, 10_000_000, sized(10_000, 1_000))[0] == "spark"
+    executor, why = choose_executor(plain, spark, 3 * large, sized(2, large + 1))
+    assert executor == "ray" and f"{large + 1:,} rows" in why and "Ray Train" in why
+    assert choose_executor(plain, spark, 3 * large, sized(3, large))[0] == "spark"
+    forecast = forecast_job(tmp_path)
+    assert choose_executor(forecast, spark, 3 * large, unasked)[0] == "spark"
+
+    searched = job(tmp_path)  # ridge and lgbm search
+    cores = spark.sparkContext.defaultParallelism
+    executor, why = choose_executor(searched, spark, 500, sized(cores - 1, 300))
+    assert executor == "ray" and "ridge, lgbm" in why and "spreads" in why
+    many = sized(cores, 100)
+    assert choose_executor(searched, spark, 500, many)[0] == "spark" and many.calls
+
     connect = FakeSession()
-    executor, why = choose_executor(config, connect, AUTO_SPARK_MAX_ROWS + 1)
+    executor, why = choose_executor(searched, connect, 3 * large, unasked)
     assert executor == "spark" and "Spark Connect" in why
     asked = job(tmp_path, training={"output_dir": str(tmp_path), "executor": "ray"})
-    assert choose_executor(asked, spark, 10)[0] == "ray"
+    assert choose_executor(asked, spark, 10, unasked)[0] == "ray"
     for cluster in ({"mode": "local", "num_cpus": 2}, {"mode": "spark"}):
-        executor, why = choose_executor(job(tmp_path, cluster=cluster), spark, 10)
+        executor, why = choose_executor(job(tmp_path, cluster=cluster), spark, 10, unasked)
         assert executor == "ray" and f"cluster.mode: {cluster['mode']}" in why
     gpu = job(tmp_path, models=[{**CANDIDATES[2], "resources": {"num_gpus": 1}}])
-    assert choose_executor(gpu, spark, 10)[0] == "ray"
+    assert choose_executor(gpu, spark, 10, unasked)[0] == "ray"
     for session in (connect, spark):
         with pytest.raises(ConfigError, match="ask for GPUs, which only the Ray executor"):
             choose_executor(gpu.model_copy(update={"training": gpu.training.model_copy(
-                update={"executor": "spark"})}) if session is spark else gpu, session, 10)
+                update={"executor": "spark"})}) if session is spark else gpu, session, 10,
+                unasked)
 
 
 @pytest.mark.topology

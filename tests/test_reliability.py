@@ -24,7 +24,7 @@ import yaml
 
 from raybricks import packaging, pipeline, tracking
 from raybricks.config import JobConfig
-from raybricks.data import count_segments, to_ray_dataset
+from raybricks.data import segment_sizes, to_ray_dataset
 from raybricks.errors import ConfigError, DataError
 from raybricks.segmented_model import SegmentStore
 from raybricks.training import train_segments
@@ -79,7 +79,7 @@ def test_faulty_segments_fail_alone_and_the_rest_of_their_block_trains(
     config = fault_job(tmp_path, training={"segment_timeout_s": 5, "max_retries": 1})
     result = train_segments(ds, config)
     assert_faults_fail_alone(statuses(result), "worker lost after retries")
-    assert pipeline.reconcile(result, count_segments(df, ["store"])) == {
+    assert pipeline.reconcile(result, segment_sizes(df, ["store"]).segments) == {
         "source_segments": 8, "trained": 4, "skipped": 0, "failed": 4, "duplicates": 0}
 
 
@@ -184,7 +184,7 @@ def test_interrupted_driver_cleans_up_and_resume_finishes_like_an_uninterrupted_
     ds = to_ray_dataset(spark.read.parquet(str(source)), ["store"])
     resume = ["training.resume=true", "training.run_id=nightly"]  # as --set on the CLI
     resumed = train_segments(ds, JobConfig.load(config, resume))
-    source_segments = count_segments(spark.read.parquet(str(source)), ["store"])
+    source_segments = segment_sizes(spark.read.parquet(str(source)), ["store"]).segments
     assert pipeline.reconcile(resumed, source_segments)["source_segments"] == 13
     attempts = result_parts(run_dir)
     (first_attempt,) = first
@@ -417,7 +417,7 @@ def test_a_result_that_does_not_match_its_source_fails_the_job(small_result, spa
     more = spark.createDataFrame(faults.stores({"extra": "ok"}))
     with pytest.raises(pipeline.AccountingError, match="5 distinct segments in the source "
                        "but 4 results.*Nothing was registered"):
-        pipeline.reconcile(small_result, count_segments(more, ["store"]))
+        pipeline.reconcile(small_result, segment_sizes(more, ["store"]).segments)
     counts = pipeline.reconcile(small_result, 4)
     assert counts["trained"] == 4 and counts["source_segments"] == 4
     report = pipeline.TrainingReport(small_result, None, {}, counts)
@@ -525,7 +525,7 @@ def test_awkward_keys_and_values_get_a_status_each_and_round_trip(
         "no target: the target is null or infinite in all 40 rows")
     assert rows.loc["inf_target", "n_rows"] == 37  # the infinite targets were dropped
     assert np.isfinite(rows.loc[trained, "metric_rmse"].astype(float)).all()
-    assert len(rows) == count_segments(df, ["store"]) == 8
+    assert len(rows) == segment_sizes(df, ["store"]).segments == 8
 
     packaging.package_result(result, tmp_path / "segments")
     frame = data.drop(columns="y").iloc[[0, 40, 80, 120, 200, 201]]
@@ -562,4 +562,4 @@ def test_100k_tiny_segments_are_each_accounted_once(ray_on_spark, spark, tmp_pat
     result = train_segments(ds, config)
     assert result.counts() == {"trained": int((sizes == 3).sum()),
                                "skipped": int((sizes == 2).sum()), "failed": 0}
-    assert pipeline.reconcile(result, count_segments(df, ["store"]))["duplicates"] == 0
+    assert pipeline.reconcile(result, segment_sizes(df, ["store"]).segments)["duplicates"] == 0

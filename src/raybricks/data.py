@@ -193,11 +193,22 @@ def select_and_filter(
     return df.select(*[available[c.lower()] for c in wanted])
 
 
-def count_segments(df: DataFrame, segment_by: Sequence[str]) -> int:
-    """Distinct segments in a DataFrame, null keys included (one Spark job)."""
+@dataclass(frozen=True)
+class SegmentSizes:
+    """How many segments a DataFrame holds (null keys included) and the rows of its
+    largest."""
+
+    segments: int
+    largest: int
+
+
+def segment_sizes(df: DataFrame, segment_by: Sequence[str]) -> SegmentSizes:
+    """The segments of ``df`` and the rows of its largest (one Spark job)."""
     from pyspark.sql import functions as F
 
-    return int(df.agg(F.count_distinct(F.struct(*segment_by))).first()[0])
+    counts = df.groupBy(*segment_by).count()
+    found = counts.agg(F.count("*"), F.max("count")).first()
+    return SegmentSizes(int(found[0]), int(found[1] or 0))
 
 
 def lay_out_by_segment(

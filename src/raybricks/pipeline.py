@@ -22,7 +22,13 @@ from raybricks.cluster import ray_cluster
 from raybricks.compat import arrow_schema
 from raybricks.config import JobConfig
 from raybricks.console import stage
-from raybricks.data import count_segments, no_rows, select_and_filter, to_ray_dataset
+from raybricks.data import (
+    SegmentSizes,
+    no_rows,
+    segment_sizes,
+    select_and_filter,
+    to_ray_dataset,
+)
 from raybricks.errors import ConfigError, DataError, RaybricksError, SourceNotFound, key_text
 from raybricks.files import SegmentFiles, is_template
 from raybricks.kinds.forecasting import ForecastSpec
@@ -37,6 +43,9 @@ from raybricks.training.plan import GivenGlobal
 from raybricks.training.tasks import make_plan, task_of
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+    from concurrent.futures import Future
+
     from pyspark.sql import DataFrame, SparkSession
 
     from raybricks.scoring import ScoreSummary
@@ -353,23 +362,29 @@ def train(
             with stage("champion", timings, "champion: its global model, kept or refitted"):
                 config = global_choice(config, spark)
                 given = kept_global(config) if register else None
-        executor, why = choose_executor(config, spark, num_rows)
+        # the source's segments and its largest, counted by Spark beside what follows
+        counting = ThreadPoolExecutor(1, thread_name_prefix="raybricks-accounting")
+        sizes = counting.submit(segment_sizes, df, config.segment_by)
+        counting.shutdown(wait=False)
+        executor, why = choose_executor(config, spark, num_rows, sizes.result)
         console.say(f"executor: {executor}: {why}")
         log.info("executor: %s: %s", executor, why)
         durable = durable_run_dir(config, spark)
         if durable:
             console.say(durable)
             log.warning("%s", durable)
-        if executor == "spark" and num_rows > config.training.large_segment_rows:
-            console.say(f"executor: a segment above training.large_segment_rows="
-                        f"{config.training.large_segment_rows:,} rows trains in one Spark "
-                        "task with its library's threads here: data-parallel training "
-                        "(Ray Train, Tune's ASHA) needs training.executor: ray")
+        large = config.training.large_segment_rows
+        if (executor == "spark" and config.task != "forecast" and num_rows > large
+                and sizes.result().largest > large):
+            console.say(f"executor: a segment of {sizes.result().largest:,} rows (above "
+                        f"training.large_segment_rows={large:,}) trains in one Spark task "
+                        "with its library's threads here: data-parallel training (Ray "
+                        "Train, Tune's ASHA) needs training.executor: ray")
         config = config.model_copy(update={"training": config.training.model_copy(
             update={"executor": executor})})
         try:
-            result, accounting = _train_source(config, spark, df, num_rows, files, timings,
-                                               given, source)
+            result, accounting = _train_source(config, spark, df, num_rows, sizes, files,
+                                               timings, given, source)
         finally:
             if files:
                 files.release()
@@ -386,16 +401,20 @@ def train(
                           seconds)
 
 
-#: ``executor: auto`` on a classic session takes Spark's tasks for a source of at most
-#: this many rows (Ray's start, 11-26 s, would dominate such a job), Ray above.
-AUTO_SPARK_MAX_ROWS = 2_000_000
-
-
-def choose_executor(config: JobConfig, spark: SparkSession, num_rows: int
-                    ) -> tuple[str, str]:
+def choose_executor(config: JobConfig, spark: SparkSession, num_rows: int,
+                    sizes: Callable[[], SegmentSizes]) -> tuple[str, str]:
     """Where the job's segments train (``training.executor``; ``auto`` resolved) and why.
-    Refuses what the chosen executor cannot do."""
-    from raybricks.session import is_spark_connect
+    Refuses what the chosen executor cannot do. ``sizes``: the source's segments and its
+    largest (a Spark job, waited for only where the choice needs it).
+
+    ``auto`` takes Ray only for what Spark's tasks cannot do as well: GPU candidates, a
+    job that says how to run Ray (``cluster.mode``), a tabular segment above
+    ``training.large_segment_rows`` (Ray Train fits it data-parallel), and a tabular job
+    with a search over fewer segments than cores (Ray spreads one segment's settings
+    over tasks; a Spark task trains a segment alone). Measured on the same jobs, Spark's
+    tasks train a segment as fast as Ray's and start without Ray's 11-26 s
+    (docs/benchmarks.md, "Executors: Ray and Spark")."""
+    from raybricks.session import is_spark_connect, spark_cores
 
     asked = config.training.executor
     gpus = [c.name for c in config.models if c.resources.num_gpus > 0]
@@ -416,11 +435,20 @@ def choose_executor(config: JobConfig, spark: SparkSession, num_rows: int
         return "ray", f"GPU candidates ({', '.join(gpus)}) train on Ray's GPU tasks"
     if config.cluster.mode != "auto":
         return "ray", f"the job sets cluster.mode: {config.cluster.mode} (how to run Ray)"
-    if num_rows > AUTO_SPARK_MAX_ROWS:
-        return "ray", (f"{num_rows:,} rows (more than {AUTO_SPARK_MAX_ROWS:,}): Ray's "
-                       "packed tasks, large segments with Ray Train")
-    return "spark", (f"{num_rows:,} rows (at most {AUTO_SPARK_MAX_ROWS:,}): Spark's own "
-                     "tasks, without Ray's start")
+    if config.task != "forecast":
+        large = config.training.large_segment_rows
+        if num_rows > large and sizes().largest > large:
+            return "ray", (f"a segment of {sizes().largest:,} rows (above "
+                           f"training.large_segment_rows={large:,}): Ray Train fits it "
+                           "data-parallel")
+        searched = [c.name for c in config.models if c.search]
+        cores = spark_cores(spark) or 1
+        if searched and sizes().segments < cores:
+            return "ray", (f"{sizes().segments:,} segment(s) for {cores} cores with a "
+                           f"search ({', '.join(searched)}): Ray spreads each segment's "
+                           "settings over tasks")
+    return "spark", (f"{num_rows:,} rows: Spark's own tasks, without Ray's start (no GPU, "
+                     "large segment or search to spread over Ray's tasks)")
 
 
 #: Where a run directory outlives a Databricks serverless job (its driver's disk does not).
@@ -503,17 +531,17 @@ def kept_global(config: JobConfig) -> GivenGlobal | None:
 
 
 def _train_source(config: JobConfig, spark: SparkSession, df: DataFrame, num_rows: int,
-                  files: SegmentFiles | None, timings: dict[str, float],
+                  sizes: Future[SegmentSizes], files: SegmentFiles | None,
+                  timings: dict[str, float],
                   given: GivenGlobal | None = None, source: DataFrame | None = None
                   ) -> tuple[TrainingResult, dict[str, int]]:
     """Every segment trained on the job's executor (``training.executor``, resolved: Ray
     up and the source as Ray blocks, or Spark's tasks), the result reconciled with the
     source's segments (a path template's keys whose files gave no rows are skipped
-    segments). ``given``: the champion's global model, kept; with ``global_model:
-    refit``, a retrain's global model learns from the whole ``source``."""
-    # the source's distinct segments, counted by Spark while Ray converts and trains
-    counting = ThreadPoolExecutor(1, thread_name_prefix="raybricks-accounting")
-    source_segments = counting.submit(count_segments, df, config.segment_by)
+    segments). ``sizes``: the source's segments, being counted. ``given``: the champion's
+    global model, kept; with ``global_model: refit``, a retrain's global model learns
+    from the whole ``source``."""
+    counting = ThreadPoolExecutor(1, thread_name_prefix="raybricks-files")
     skipped = counting.submit(files.skipped, config.segment_by) if files else None
     counting.shutdown(wait=False)
     refit = (given is None and config.source.segments is not None and source is not None
@@ -544,7 +572,7 @@ def _train_source(config: JobConfig, spark: SparkSession, df: DataFrame, num_row
         try:
             lost = skipped.result() if skipped else None
             empty = lost.absent if lost else []
-            total = None if on_ray else source_segments.result()
+            total = None if on_ray else sizes.result().segments
             with stage("training", timings, f"training (run {config.training.run_id})"):
                 result = train_segments(segmented, config, absent=empty, given_global=given,
                                         file_notes=lost.notes if lost else None,
@@ -559,7 +587,7 @@ def _train_source(config: JobConfig, spark: SparkSession, df: DataFrame, num_row
                 reconcile_levels(result, config, on_ray)
     release_memory()
     with stage("accounting", timings, "accounting: one result per source segment"):
-        accounting = reconcile(result, source_segments.result() + len(empty))
+        accounting = reconcile(result, sizes.result().segments + len(empty))
     return result, accounting
 
 
