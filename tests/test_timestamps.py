@@ -218,6 +218,25 @@ def test_files_disagreeing_on_a_column_type_name_one_file(spark, tmp_path):
     assert str(folder / "p3b.parquet") in said, said
 
 
+def test_a_stale_checksum_file_is_named_with_the_fix(spark, tmp_path):
+    """A Parquet file rewritten by pandas beside the .crc of Spark's earlier write: the
+    read stops with the file and the .crc to delete, not Hadoop's ChecksumException."""
+    from tests.test_files import stale_checksum
+
+    folder = tmp_path / "rewritten"
+    folder.mkdir()
+    for part in range(3):
+        pd.DataFrame({"a": [part], "x": [1.5]}).to_parquet(folder / f"p{part}.parquet")
+    stale_checksum(folder / "p1.parquet", b"an earlier version of the file")
+    with pytest.raises(DataError) as raised:
+        parquet.read(spark, spark.read.option("mergeSchema", "true"), str(folder))
+    said = str(raised.value)
+    assert f"delete {folder}/.p1.parquet.crc" in said, said
+    (folder / ".p1.parquet.crc").unlink()  # the fix it names works
+    frame = parquet.read(spark, spark.read.option("mergeSchema", "true"), str(folder))
+    assert sorted(row.a for row in frame.collect()) == [0, 1, 2]
+
+
 def test_spark_merge_messages_parse_to_fields():
     found = parquet._fields("STRUCT<a: BIGINT, `b: c``d`: ARRAY<STRUCT<x: INT, "
                             "y: DECIMAL(10,2)>>, z: MAP<STRING, INT>>")

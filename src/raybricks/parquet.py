@@ -141,7 +141,21 @@ def _load(reader: DataFrameReader, path: str | list[str]) -> DataFrame:
             raise _NanosFound(text) from exc
         if "CANNOT_MERGE_SCHEMAS" in text or "Failed merging schema" in text:
             raise _merge_conflict(reader, path, text) from exc
+        if "ChecksumException" in text or "Checksum error" in text:
+            raise DataError(_stale_checksum(path, text)) from exc
         raise
+
+
+def _stale_checksum(path: str | list[str], text: str) -> str:
+    """What a file whose Hadoop checksum file (``.name.crc``) no longer matches it says."""
+    found = re.search(r"Checksum error: (?:file:)?(\S+?)(?: at \d|$)", text)
+    file = found.group(1) if found else None
+    crc = (f"{os.path.dirname(file)}/.{os.path.basename(file)}.crc" if file
+           else "the file's .crc")
+    return (f"cannot read parquet at {path!r}: {file or 'a file'} does not match its "
+            f"checksum file {crc}, left by an earlier Hadoop or Spark write of it (the file "
+            f"was rewritten by another tool since): delete {crc} (Spark then reads the "
+            "file without a checksum) and run again")
 
 
 def _load_refused(reader: DataFrameReader, path: str | list[str], refused: str | None
