@@ -328,8 +328,7 @@ class SegmentFiles:
         """The Hadoop checksum file beside ``path`` (``.name.crc``), if there is one (on
         Spark Connect: where the client sees it, ``_on_client``; Spark lists no hidden
         file, so no Spark job can find it)."""
-        folder, _, name = path.rpartition("/")
-        crc = f"{folder}/.{name}.crc"
+        crc = parquet.checksum_file(path)
         if is_spark_connect(self.spark):
             seen = _on_client(crc)
             return crc if seen is not None and os.path.isfile(seen) else None

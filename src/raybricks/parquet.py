@@ -146,12 +146,17 @@ def _load(reader: DataFrameReader, path: str | list[str]) -> DataFrame:
         raise
 
 
+def checksum_file(path: str) -> str:
+    """The Hadoop checksum file beside ``path`` (``.name.crc`` in the same folder)."""
+    folder, _, name = path.rpartition("/")
+    return f"{folder}/.{name}.crc"
+
+
 def _stale_checksum(path: str | list[str], text: str) -> str:
     """What a file whose Hadoop checksum file (``.name.crc``) no longer matches it says."""
     found = re.search(r"Checksum error: (?:file:)?(\S+?)(?: at \d|$)", text)
     file = found.group(1) if found else None
-    crc = (f"{os.path.dirname(file)}/.{os.path.basename(file)}.crc" if file
-           else "the file's .crc")
+    crc = checksum_file(file) if file else "the file's .crc"
     return (f"cannot read parquet at {path!r}: {file or 'a file'} does not match its "
             f"checksum file {crc}, left by an earlier Hadoop or Spark write of it (the file "
             f"was rewritten by another tool since): delete {crc} (Spark then reads the "
