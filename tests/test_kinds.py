@@ -178,21 +178,29 @@ def test_scikit_learns_dataframe_sniffing_answers_arrays_and_asks_for_the_rest()
     from raybricks.kinds.sklearn import answer_array_sniffing
 
     original = getattr(validation, "_nw_into_df_or_series", None)
+    original_names = validation._get_feature_names
     answer_array_sniffing()
     answer_array_sniffing()  # once per process, however often workers warm up
     if original is None:  # scikit-learn before 1.9: nothing to answer, nothing added
         assert not hasattr(validation, "_nw_into_df_or_series")
+        assert validation._get_feature_names is original_names
         return
     narwhals = getattr(original, "__wrapped__", original)  # a warm-up may have run here
+    names = getattr(original_names, "__wrapped__", original_names)
     try:
-        sniff = validation._nw_into_df_or_series
+        sniff, named = validation._nw_into_df_or_series, validation._get_feature_names
         assert sniff is not narwhals and sniff.__wrapped__ is narwhals  # wrapped once
+        assert named is not names and named.__wrapped__ is names
         frame = pd.DataFrame({"a": [1.0, 2.0, 3.0], "b": [0.0, 1.0, 0.0]})
         for value in (frame, frame["a"], pa.table(frame), np.ones((3, 2)), [[1.0]]):
             assert sniff(value) == narwhals(value), type(value)
         assert sniff(frame) and not sniff(np.ones((3, 2)))
+        assert named(np.ones((3, 2))) is None and list(named(frame)) == ["a", "b"]
         # a dataframe still reaches narwhals: its column names are kept
         model = LinearRegression().fit(frame, [1.0, 2.0, 3.0])
         assert list(model.feature_names_in_) == ["a", "b"]
+        with pytest.warns(UserWarning, match="feature names"):  # and still checked
+            model.predict(np.ones((2, 2)))
     finally:
         validation._nw_into_df_or_series = original
+        validation._get_feature_names = original_names

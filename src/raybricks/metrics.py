@@ -8,6 +8,8 @@ scikit-learn lazily, for ``auc``), so ``raybricks.config`` can validate against 
 
 from __future__ import annotations
 
+import itertools
+import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
@@ -128,12 +130,12 @@ def brier_scores(y: np.ndarray, proba: np.ndarray) -> np.ndarray:
     return np.sum((proba - truth) ** 2, axis=1)
 
 
-def _itself(value: float) -> float:
-    return value
+def _itself(values: np.ndarray) -> np.ndarray:
+    return values
 
 
-def _root(value: float) -> float:
-    return float(np.sqrt(value))
+def _root(values: np.ndarray) -> np.ndarray:
+    return np.sqrt(values)
 
 
 def _missing(value: float | None) -> bool:
@@ -159,7 +161,8 @@ class Metric:
     row_loss: Callable[[np.ndarray, np.ndarray], np.ndarray] = absolute_errors
     #: for a metric that is a function of the mean of ``row_loss`` (mae: itself, rmse:
     #: its square root), that function: ``scores_without`` then needs no row twice
-    of_mean: Callable[[float], float] | None = None
+    #: (element by element, on an array of means)
+    of_mean: Callable[[np.ndarray], np.ndarray] | None = None
 
     def score(self, y: np.ndarray, pred: np.ndarray) -> float:
         """The metric of predictions ``pred`` against actual values ``y``."""
@@ -178,7 +181,7 @@ class Metric:
         rest = len(y) - member.sum(axis=1, keepdims=True)
         with np.errstate(invalid="ignore", divide="ignore"):
             means = (losses.sum(axis=1)[None, :] - inside) / rest
-        return np.vectorize(self.of_mean, otypes=[float])(np.maximum(means, 0.0))
+        return np.asarray(self.of_mean(np.maximum(means, 0.0)), dtype=float)
 
     def fits(self, task: str) -> bool:
         return task in self.tasks
@@ -251,13 +254,18 @@ class Metric:
         differences are averaged over that many consecutive blocks first (batch means:
         neighbouring rows' errors move together, and the spread of single rows would
         understate the noise). Fewer than two comparable units: not shown."""
-        found = self.differences(y, pred, reference)
-        if blocks is not None and len(found) > blocks:
-            found = np.array([part.mean() for part in np.array_split(found, blocks)])
+        found = self.differences(y, pred, reference).tolist()
+        if blocks is not None and len(found) > blocks:  # np.array_split's blocks
+            size, extra = divmod(len(found), blocks)
+            ends = [i * size + min(i, extra) for i in range(blocks + 1)]
+            found = [math.fsum(found[a:b]) / (b - a) for a, b in itertools.pairwise(ends)]
         if len(found) < 2:
             return margin == 0 and len(found) == 1 and found[0] < 0
-        mean = float(found.mean())
-        error = float(found.std(ddof=1)) / np.sqrt(len(found))
+        # plain floats: a segment's few validation rows, where numpy's per-call cost
+        # would be most of the selection's time (fsum: exact, whatever the rows' order)
+        mean = math.fsum(found) / len(found)
+        error = math.sqrt(math.fsum((v - mean) ** 2 for v in found) / (len(found) - 1)
+                          / len(found))
         return mean < 0 and -mean > margin * error
 
     def weights(self, values: Sequence[float | None]) -> list[float]:

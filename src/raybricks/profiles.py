@@ -42,13 +42,13 @@ def _cuts(bins: int) -> tuple[float, ...]:
     return tuple(np.linspace(0, 1, bins + 1)[1:-1].tolist())
 
 
-def numeric_profile(values: np.ndarray) -> dict[str, Any]:
-    """A numeric feature's training values (NaN: missing) as quantile ``edges`` and the
-    ``shares`` of rows in each bin (``numeric_bins``), the last share being the missing
-    values'. Plain Python on the sorted values: a segment has a few dozen rows, where
-    numpy's per-call cost would dominate (this runs once per feature of every segment
-    trained)."""
-    ordered = np.sort(values)  # NaN last
+def numeric_profile(values: np.ndarray, ordered: bool = False) -> dict[str, Any]:
+    """A numeric feature's training values (NaN: missing; ``ordered``: sorted already,
+    NaN last) as quantile ``edges`` and the ``shares`` of rows in each bin
+    (``numeric_bins``), the last share being the missing values'. Plain Python on the
+    sorted values: a segment has a few dozen rows, where numpy's per-call cost would
+    dominate (this runs once per feature of every segment trained)."""
+    ordered = values if ordered else np.sort(values)  # NaN last
     rows = len(ordered)
     present = rows - int(np.count_nonzero(ordered != ordered))
     if not present:
@@ -111,14 +111,16 @@ def _shares(bins: np.ndarray, size: int) -> list[float]:
 
 
 def profile(values: np.ndarray | None, numeric: list[str], frame: pd.DataFrame | None,
-            categorical: list[str], naive: list[float], validation_rows: int
-            ) -> dict[str, Any]:
-    """A segment's profile: ``values`` (rows x ``numeric`` features, NaN for missing),
-    the ``categorical`` columns of ``frame``, its ``naive`` prediction and how many
-    rows its validation metric was measured on (what its noise depends on)."""
+            categorical: list[str], naive: list[float], validation_rows: int,
+            ordered: np.ndarray | None = None) -> dict[str, Any]:
+    """A segment's profile: ``values`` (rows x ``numeric`` features, NaN for missing;
+    ``ordered``: each column sorted, NaN last, when the caller has it), the
+    ``categorical`` columns of ``frame``, its ``naive`` prediction and how many rows its
+    validation metric was measured on (what its noise depends on)."""
     features: dict[str, Any] = {}
+    columns = np.sort(values, axis=0) if ordered is None and numeric else ordered
     for position, name in enumerate(numeric):
-        features[name] = numeric_profile(values[:, position])
+        features[name] = numeric_profile(columns[:, position], ordered=True)
     for name in categorical:
         features[name] = categorical_profile(frame[name])
     rows = len(values) if values is not None else len(frame) if frame is not None else 0

@@ -26,12 +26,13 @@ def trusted_input(validated: bool = True) -> contextlib.AbstractContextManager:
 
 
 def answer_array_sniffing() -> None:
-    """scikit-learn 1.9+ asks narwhals, in every ``check_array``, whether its input is a
-    dataframe or series of any installed library: about 24 µs a call and several calls
-    per fit, a quarter of a small segment's training time. For a plain numpy array (what
-    raybricks passes) the answer is always no: answer that directly, and leave every
-    other input to narwhals. Installed once per process; nothing where scikit-learn has
-    no such check (before 1.9)."""
+    """scikit-learn 1.9+ asks narwhals, in every ``check_array`` and every feature-name
+    check, whether its input is a dataframe or series of any installed library: about
+    24 µs a call and several calls per fit, a quarter of a small segment's training
+    time. For a plain numpy array (what raybricks passes) the answer is always no (and it
+    has no feature names): answer that directly, and leave every other input to
+    narwhals. Installed once per process; nothing where scikit-learn has no such check
+    (before 1.9)."""
     from sklearn.utils import validation
 
     sniff = getattr(validation, "_nw_into_df_or_series", None)
@@ -42,7 +43,14 @@ def answer_array_sniffing() -> None:
     def into_df_or_series(x: Any) -> bool:
         return False if type(x) is np.ndarray else sniff(x)
 
+    names = validation._get_feature_names
+
+    @functools.wraps(names)
+    def feature_names(x: Any) -> Any:
+        return None if type(x) is np.ndarray else names(x)
+
     validation._nw_into_df_or_series = into_df_or_series
+    validation._get_feature_names = feature_names
 
 
 class SklearnKind(ModelKind):

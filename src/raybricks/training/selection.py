@@ -21,6 +21,7 @@ score.
 from __future__ import annotations
 
 import json
+import math
 import traceback
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -38,9 +39,9 @@ if TYPE_CHECKING:
     from raybricks.training.plan import Plan
 
 
-@dataclass
+@dataclass(eq=False)
 class Evaluation:
-    """The best setting found for one candidate on one segment."""
+    """The best setting found for one candidate on one segment (equal only to itself)."""
 
     candidate: CandidateConfig
     params: dict[str, Any] | None = None
@@ -104,7 +105,7 @@ def select(evaluations: list[Evaluation], y: np.ndarray, plan: Plan
         return unranked_choice(evaluations, y, plan)
     chosen = choose(evaluations, plan)
     fallback = reference(evaluations, y, plan)
-    if not chosen or fallback is None or [e for e, _ in chosen] == [fallback]:
+    if not chosen or fallback is None or (len(chosen) == 1 and chosen[0][0] is fallback):
         return chosen
     if shown_better(y, blended(chosen), fallback.predictions, plan):
         return shrunk(chosen, fallback, plan.shrink)
@@ -113,7 +114,7 @@ def select(evaluations: list[Evaluation], y: np.ndarray, plan: Plan
 
 def has_value(evaluation: Evaluation) -> bool:
     """Whether a candidate's metric has a value on the validation rows (not NaN)."""
-    return evaluation.value is not None and bool(np.isfinite(evaluation.value))
+    return evaluation.value is not None and math.isfinite(evaluation.value)
 
 
 def finite_predictions(evaluation: Evaluation) -> bool:
@@ -242,14 +243,15 @@ def cross_fitted(evaluations: list[Evaluation], y: np.ndarray, groups: np.ndarra
     found = np.array(whole, dtype=float, copy=True)
     labels = np.unique(groups)
     values = metric.scores_without(y, [e.predictions for e in fitted], groups, labels)
-    for group, scores in zip(labels, values, strict=True):
-        if not np.isfinite(scores).all():
+    ranked = np.isfinite(values).all(axis=1).tolist()
+    for group, scores, usable in zip(labels, values.tolist(), ranked, strict=True):
+        if not usable:
             continue
         inside = groups == group
         others = ~inside
-        rescored = [Evaluation(e.candidate, e.params, float(value), e.predictions[others])
+        rescored = [Evaluation(e.candidate, e.params, value, e.predictions[others])
                     for e, value in zip(fitted, scores, strict=True)]
-        original = {id(r): e for r, e in zip(rescored, fitted, strict=True)}
+        original = dict(zip(map(id, rescored), fitted, strict=True))
         chosen = select(rescored, y[others], plan)
         found[inside] = sum(original[id(e)].predictions[inside] * w for e, w in chosen)
     return found

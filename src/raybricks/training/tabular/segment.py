@@ -89,6 +89,7 @@ class Prepared:
     matrix: Any = None
     inputs: dict = field(default_factory=dict)
     positions: np.ndarray | None = None  # input rows of these rows (None: all, in order)
+    ordered: np.ndarray | None = None  # ``values`` sorted by column (``feature_summary``)
 
     @property
     def X(self) -> pd.DataFrame:
@@ -154,14 +155,8 @@ def prepare(data: pd.DataFrame | Columns, plan: Plan, key: tuple) -> Prepared:
         values = X[numeric].to_numpy(dtype="float64")
     gaps = np.isnan(values)
     has_gaps = bool(gaps.any())
-    if has_gaps:
-        with np.errstate(all="ignore"), warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN columns
-            low, high = np.nanmin(values, axis=0), np.nanmax(values, axis=0)
-            medians = np.nan_to_num(np.nanmedian(values, axis=0), nan=0.0)
-    else:
-        low, high = values.min(axis=0, initial=np.inf), values.max(axis=0, initial=-np.inf)
-        medians = np.median(values, axis=0) if n else np.zeros(len(numeric))
+    ordered, low, high, medians = feature_summary(values, gaps)
+    medians = np.nan_to_num(medians, nan=0.0)
     varying = np.asarray(high > low)
     if not varying.any() and not any(len(v) > 1 for v in meta["categorical"].values()):
         raise Skip("no usable feature: every feature is empty or constant in this segment")
@@ -190,7 +185,20 @@ def prepare(data: pd.DataFrame | Columns, plan: Plan, key: tuple) -> Prepared:
         splits = make_splits(n, plan, key)
     if not any(len(v) > 1 for v in meta["categorical"].values()):
         check_training_features(splits, values)
-    return Prepared(y, splits, meta, n, values, X, matrix, positions=order)
+    return Prepared(y, splits, meta, n, values, X, matrix, positions=order, ordered=ordered)
+
+
+def feature_summary(values: np.ndarray, gaps: np.ndarray
+                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Each feature's values sorted (NaN last: ``gaps``), smallest, largest and median
+    (NaN for a feature without a value) from one sort, which the monitoring profile
+    reuses: a segment's few rows make numpy's per-call cost the price of each."""
+    ordered = np.sort(values, axis=0)
+    present = len(values) - np.count_nonzero(gaps, axis=0)
+    column = np.arange(values.shape[1])
+    last = np.maximum(present - 1, 0)
+    middle = (ordered[last // 2, column] + ordered[np.minimum(present // 2, last), column]) / 2
+    return ordered, ordered[0], ordered[last, column], middle
 
 
 def check_training_features(splits: list[tuple[np.ndarray, np.ndarray]],
@@ -322,7 +330,8 @@ def segment_profile(prep: Prepared, plan: Plan) -> dict[str, Any]:
     numeric = [c for c in plan.features if c not in prep.meta["categorical"]]
     naive = naive_values(prep.y, plan, len(prep.meta.get("classes") or []))
     return profiles.profile(prep.values, numeric, prep.X if categorical else None,
-                            categorical, naive.tolist(), len(validation_rows(prep)))
+                            categorical, naive.tolist(), len(validation_rows(prep)),
+                            prep.ordered)
 
 
 def _fit_split(prep: Prepared, kind: ModelKind, params, train, plan: Plan, seed: int):
