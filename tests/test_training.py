@@ -431,3 +431,43 @@ def test_tasks_cap_every_thread_pool_of_the_candidates_libraries():
             pools = threadpool_info()
             assert {p["internal_api"] for p in pools} >= {"openblas", "openmp"}
             assert all(p["num_threads"] == plan.threads == 1 for p in pools)
+
+
+def test_a_segments_gaps_are_filled_with_its_training_medians_and_checked_per_split():
+    """One sort per segment gives each feature's range, median and profile: the fill
+    values are numpy's nan-medians of the segment's rows (an empty feature: 0), the
+    profile is the one its own values give, and a feature that varies only in the
+    validation rows is no feature."""
+    from raybricks import profiles
+    from raybricks.training.selection import Skip
+    from raybricks.training.tabular.segment import prepare
+
+    rng = np.random.default_rng(3)
+    config = JobConfig.from_dict({
+        "source": {"path": "unused"}, "segment_by": ["s"], "target": "y",
+        "features": ["a", "b", "c"], "min_rows": 2,
+        "models": [{"name": "lr", "kind": "sklearn",
+                    "estimator": "sklearn.linear_model.LinearRegression"}]})
+    schema = pa.schema([("s", pa.int64()), ("y", pa.float64()), ("a", pa.float64()),
+                        ("b", pa.float64()), ("c", pa.float64())])
+    plan = make_plan(config, schema)
+    for rows in (7, 8, 16, 51):
+        frame = pd.DataFrame(rng.normal(size=(rows, 4)), columns=["y", "a", "b", "c"])
+        frame.loc[(rng.random(rows) < 0.3) & (frame.index > 3), "a"] = np.nan
+        frame["c"] = np.nan  # a feature without a value
+        frame.loc[0, "b"] = np.nan
+        prep = prepare(frame, plan, (rows,))
+        values = frame[["a", "b", "c"]].to_numpy()
+        with np.errstate(all="ignore"), pytest.warns(RuntimeWarning):
+            expected = np.nan_to_num(np.nanmedian(values, axis=0), nan=0.0)
+        assert list(prep.meta["fill"].values()) == expected.tolist()
+        assert prep.meta["fill"]["c"] == 0.0
+        found = profiles.profile(prep.values, ["a", "b", "c"], None, [], [0.0], 1,
+                                 prep.ordered)
+        assert found == profiles.profile(values, ["a", "b", "c"], None, [], [0.0], 1)
+    # a feature that varies only in the validation rows: skipped with that reason
+    frame = pd.DataFrame({"y": np.arange(10.0), "a": 1.0, "b": np.nan, "c": np.nan})
+    train, valid = prepare(frame.assign(a=np.arange(10.0)), plan, (0,)).splits[0]
+    frame.loc[valid, "a"] = np.arange(len(valid)) + 5.0
+    with pytest.raises(Skip, match="varies only in the validation rows"):
+        prepare(frame, plan, (0,))
