@@ -229,6 +229,12 @@ def interleaved(n: int) -> np.ndarray:
     return np.arange(n) % HOLDOUT_GROUPS
 
 
+def group_labels(groups: np.ndarray) -> np.ndarray:
+    """The distinct groups of validation rows, in order (``groups``: each row's fold,
+    window or fifth, small non-negative integers; without ``np.unique``'s sort)."""
+    return np.flatnonzero(np.bincount(groups))
+
+
 def cross_fitted(evaluations: list[Evaluation], y: np.ndarray, groups: np.ndarray,
                  plan: Plan, chosen: list[tuple[Evaluation, float]] | None = None
                  ) -> np.ndarray:
@@ -241,7 +247,7 @@ def cross_fitted(evaluations: list[Evaluation], y: np.ndarray, groups: np.ndarra
         return np.full(len(y), np.nan)
     whole = blended(select(fitted, y, plan) if chosen is None else chosen)
     found = np.array(whole, dtype=float, copy=True)
-    labels = np.unique(groups)
+    labels = group_labels(groups)
     values = metric.scores_without(y, [e.predictions for e in fitted], groups, labels)
     ranked = np.isfinite(values).all(axis=1).tolist()
     for group, scores, usable in zip(labels, values.tolist(), ranked, strict=True):
@@ -343,7 +349,7 @@ def summarize(
         groups = interleaved(len(y_valid))
     if cross is not None:
         estimate = metric.score(y_valid, cross)
-    elif len(np.unique(groups)) > 1:
+    elif len(group_labels(groups)) > 1:
         estimate = metric.score(y_valid, cross_fitted(evaluations, y_valid, groups, plan,
                                                       chosen))
     else:  # a single validation row: nothing to cross-fit
