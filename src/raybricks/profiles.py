@@ -42,13 +42,13 @@ def _cuts(bins: int) -> tuple[float, ...]:
     return tuple(np.linspace(0, 1, bins + 1)[1:-1].tolist())
 
 
-def numeric_profile(values: np.ndarray, ordered: bool = False) -> dict[str, Any]:
-    """A numeric feature's training values (NaN: missing; ``ordered``: sorted already,
+def numeric_profile(values: np.ndarray, presorted: bool = False) -> dict[str, Any]:
+    """A numeric feature's training values (NaN: missing; ``presorted``: sorted already,
     NaN last) as quantile ``edges`` and the ``shares`` of rows in each bin
     (``numeric_bins``), the last share being the missing values'. Plain Python on the
     sorted values: a segment has a few dozen rows, where numpy's per-call cost would
     dominate (this runs once per feature of every segment trained)."""
-    ordered = values if ordered else np.sort(values)  # NaN last
+    ordered = values if presorted else np.sort(values)  # NaN last
     rows = len(ordered)
     present = rows - int(np.count_nonzero(ordered != ordered))
     if not present:
@@ -120,7 +120,7 @@ def profile(values: np.ndarray | None, numeric: list[str], frame: pd.DataFrame |
     features: dict[str, Any] = {}
     columns = np.sort(values, axis=0) if ordered is None and numeric else ordered
     for position, name in enumerate(numeric):
-        features[name] = numeric_profile(columns[:, position], ordered=True)
+        features[name] = numeric_profile(columns[:, position], presorted=True)
     for name in categorical:
         features[name] = categorical_profile(frame[name])
     rows = len(values) if values is not None else len(frame) if frame is not None else 0
