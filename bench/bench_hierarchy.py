@@ -117,7 +117,6 @@ def base_of(model_uri: str, workdir: Path):
     import mlflow
     import pyarrow.parquet as pq
 
-    from raybricks.reconciliation import base_forecasts
     from raybricks.segmented_model import INDEX, MANIFEST, SegmentStore
 
     local = Path(mlflow.artifacts.download_artifacts(model_uri))
@@ -134,6 +133,33 @@ def base_of(model_uri: str, workdir: Path):
     registered = SegmentStore(store_dir)
     served, _ = base_forecasts(registered, keys, HELD_OUT)
     return keys.to_pandas(), base, residuals, served
+
+
+def base_forecasts(store, keys, horizon: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each series' forecast of the ``horizon`` periods after its history, as the store
+    answers it (NaN without a model), and its backtest errors (windows x horizon,
+    flattened; NaN where it has none), one row per key."""
+    from raybricks.scoring import future_frame
+    from raybricks.segmented_model import key_tuples
+
+    tuples = key_tuples(keys, store.segment_by)
+    models = store.models(tuples, store.locate(keys))
+    lasts = {key: models[key].meta["forecast"]["last"] for key in tuples if key in models}
+    base = np.full((len(tuples), horizon), np.nan)
+    if lasts:
+        frame = future_frame(lasts, store.manifest, horizon)
+        values = store.predict(frame).values.to_numpy(dtype="float64").reshape(-1, horizon)
+        position = {key: i for i, key in enumerate(lasts)}
+        rows = [i for i, key in enumerate(tuples) if key in position]
+        base[rows] = values[[position[tuples[i]] for i in rows]]
+    errors = [np.asarray(models[key].meta["forecast"].get("residuals") or [], dtype="float64")
+              .reshape(-1) if key in models else np.empty(0) for key in tuples]
+    width = max((len(e) for e in errors), default=0)
+    residuals = np.full((len(tuples), max(width, 1)), np.nan)
+    for i, e in enumerate(errors):  # the latest windows aligned at the end
+        if len(e):
+            residuals[i, width - len(e):] = e
+    return base, residuals
 
 
 def theirs(data: Dataset, frame: pd.DataFrame, base: np.ndarray, residuals: np.ndarray,

@@ -4,6 +4,7 @@ forecasts add up at every level, read with plain MLflow."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -202,7 +203,8 @@ def test_a_series_without_a_forecast_counts_as_zero_and_is_reported():
     reconciled = np.where(np.isnan(base), 0, base) + shifts
     assert reconciled[:, 0].tolist() == [7.0, 3.0, 4.0, 3.0, 0.0, 4.0]
     assert done.without_forecast == 1
-    assert "1 series without a forecast of their own (failed) counted as 0" in done.describe()
+    assert ("1 series without a forecast of their own (failed, or their models could not "
+            "forecast) counted as 0") in done.describe()
 
 
 # --------------------------------------------------------------------------- end to end
@@ -335,6 +337,22 @@ def test_a_merged_hierarchy_answers_each_series_it_kept_as_the_champion_did(
 
     merged_index, merged = answers(second.champion_version)
     _, before = answers(first.version)
+    # reconciliation started from each series' own forecast, made in the task that fitted
+    # its models: the registered model answers exactly that plus the series' shift
+    shards = pd.concat([pd.read_parquet(f) for f in (tmp_path / first.version).rglob(
+        "models-*.parquet")])
+    assert {"global", "lags:lightgbm", "statsforecast"} <= set(shards.kind)
+    shards = shards.drop_duplicates(["level", *BOTTOM])  # a series' members share both
+    own = {tuple(None if pd.isna(v) else v for v in row[:4]):
+           np.asarray(json.loads(row[4])["forecast"]["base"]) + row[5]
+           for row in shards[["level", *BOTTOM, "meta", "reconciliation"]].itertuples(
+               index=False)}
+    answered = {tuple(None if pd.isna(v) else v for v in key): group.prediction.to_numpy()
+                for key, group in before.sort_values("t").groupby(["level", *BOTTOM],
+                                                                  dropna=False)}
+    assert own.keys() == answered.keys() and len(own) == len(before) // 4
+    for key, values in answered.items():
+        np.testing.assert_allclose(values, own[key], rtol=1e-12, atol=1e-9)
     kept = merged_index.source == f"version {first.version}"
     assert 0 < kept.sum() < len(merged_index)
     assert merged_index["global"].nunique() == 2  # each run's, where its series refer to it

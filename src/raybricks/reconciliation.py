@@ -1,10 +1,11 @@
 """Task forecast with ``forecast.hierarchy``: every level's forecasts made to add up.
 
-After training (Ray still up), the run's models are packaged once as a store; each
-independent subtree of the hierarchy (the series sharing the columns common to every
-level; the whole structure where there is a total or the levels cross) is reconciled in
-a Ray task beside the others, never all in one process: the task forecasts its series'
-horizon from the store (what the registered model will answer), builds the summing
+Training's tasks forecast each series' horizon with the models they just fitted, as the
+registered model will answer it, and store it with the series' backtest errors in its
+members' meta (``backtest.OwnForecast``). After training (Ray still up), each independent
+subtree of the hierarchy (the series sharing the columns common to every level; the
+whole structure where there is a total or the levels cross) is reconciled from those in
+a Ray task beside the others, never all in one process: the task builds the summing
 matrix, reconciles with Nixtla's hierarchicalforecast, and writes each series' shift
 (reconciled minus its own forecast, per period ahead) in the run. Packaging stores the
 shift with the series' members; the registered model adds it to its forecasts.
@@ -13,6 +14,7 @@ shift with the series' members; the registered model adds it to its forecasts.
 from __future__ import annotations
 
 import inspect
+import json
 import shutil
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -26,7 +28,8 @@ import pyarrow.parquet as pq
 from raybricks.config import LEVEL_COLUMN, JobConfig
 from raybricks.errors import ConfigError
 from raybricks.hierarchy import Levels
-from raybricks.segmented_model import INDEX, RECONCILIATION, SegmentStore, key_tuples
+from raybricks.results import part_files
+from raybricks.segmented_model import RECONCILIATION, key_tuples
 
 if TYPE_CHECKING:
     from raybricks.results import TrainingResult
@@ -73,7 +76,7 @@ class Reconciled:
                 f"subtree(s) with {', '.join(self.methods)}")
         if self.without_forecast:
             text += (f"; {self.without_forecast} series without a forecast of their own "
-                     "(failed) counted as 0 in the sums")
+                     "(failed, or their models could not forecast) counted as 0 in the sums")
         if self.sparse_trees:
             text += f"; {self.sparse_trees} tree(s) large enough for the sparse methods"
         return text
@@ -90,23 +93,22 @@ def check_installed() -> None:
 
 def reconcile(result: TrainingResult, config: JobConfig, cpus: int, on_ray: bool = True
               ) -> Reconciled:
-    """Reconcile a trained hierarchy on Ray (``cpus``: the cluster's), or without Ray
-    (``on_ray`` false: the Spark executor) on the driver, batch after batch; the shifts
-    land in the run (``shifts-*.parquet``), which packaging reads."""
-    from raybricks.packaging import package_result
-
+    """Reconcile a trained hierarchy from its series' own forecasts (``own_forecasts``)
+    on Ray (``cpus``: the cluster's), or without Ray (``on_ray`` false: the Spark
+    executor) on the driver, batch after batch; the shifts land in the run
+    (``shifts-*.parquet``), which packaging reads."""
     out = result.run_dir / RECONCILIATION
     shutil.rmtree(out, ignore_errors=True)
-    base = out / "base"
-    package_result(result, base)
+    out.mkdir(parents=True)
     levels = Levels.of(config)
     structure = Structure(levels.levels, levels.names, config.forecast.hierarchy.method,
                           config.forecast.hierarchy.middle_level, config.forecast.horizon,
                           list(result.segment_by))
-    keys = pq.read_table(base / INDEX, columns=structure.segment_by)
-    batches = subtree_batches(keys, levels.subtree_columns, cpus * TASKS_PER_CPU)
-    work = [(str(base), batch, asdict(structure), str(out / f"shifts-{i:05d}.parquet"))
-            for i, batch in enumerate(batches)]
+    keys, base, residuals = own_forecasts(result, structure.horizon)
+    subtrees, batches = subtree_batches(keys, levels.subtree_columns, cpus * TASKS_PER_CPU)
+    work = [(keys.take(pa.array(rows)).append_column("subtree", pa.array(subtrees[rows])),
+             base[rows], residuals[rows], asdict(structure),
+             str(out / f"shifts-{i:05d}.parquet")) for i, rows in enumerate(batches)]
     if on_ray:
         import ray
 
@@ -116,16 +118,48 @@ def reconcile(result: TrainingResult, config: JobConfig, cpus: int, on_ray: bool
         done = ray.get([task.remote(*arguments) for arguments in work])
     else:
         done = [reconcile_batch(*arguments) for arguments in work]
-    shutil.rmtree(base)
     found = Reconciled()
     for part in done:
         found = found.add(Reconciled(**part))
     return found
 
 
-def subtree_batches(keys: pa.Table, shared: list[str], tasks: int) -> list[pa.Table]:
-    """The series' keys in at most ``tasks`` batches of whole subtrees (those sharing the
-    ``shared`` columns' values), each row with its ``subtree`` number; each subtree, the
+def own_forecasts(result: TrainingResult, horizon: int
+                  ) -> tuple[pa.Table, np.ndarray, np.ndarray]:
+    """The keys of every series of the run, each one's own forecast of the ``horizon``
+    periods after its history and its backtest errors (windows x horizon, flattened, the
+    latest windows aligned at the end), as the task that fitted its models stored them
+    in their meta (``base`` and ``residuals``); NaN where it has none (failed)."""
+    segment_by = list(result.segment_by)
+    keys, base, errors = [], [], []
+    for file in part_files(result.run_dir / "results"):  # a part at a time
+        part = pq.read_table(file, columns=segment_by)
+        models = result.run_dir / "models" / file.name
+        stored: dict[tuple, dict[str, Any]] = {}
+        if models.exists():
+            members = pq.read_table(models, columns=[*segment_by, "meta"])
+            for key, meta in zip(key_tuples(members, segment_by),
+                                 members.column("meta").to_pylist(), strict=True):
+                if key not in stored:  # a series' members share its forecast meta
+                    stored[key] = json.loads(meta)["forecast"]
+        for key in key_tuples(part, segment_by):
+            found = stored.get(key, {})
+            base.append(found.get("base") or [np.nan] * horizon)
+            errors.append(np.asarray(found.get("residuals") or [], dtype="float64").ravel())
+        keys.append(part)
+    width = max((len(e) for e in errors), default=0)
+    residuals = np.full((len(errors), max(width, 1)), np.nan)
+    for i, e in enumerate(errors):
+        if len(e):
+            residuals[i, width - len(e):] = e
+    table = pa.concat_tables(keys) if keys else pa.table({c: [] for c in segment_by})
+    return table, np.array(base, dtype="float64").reshape(-1, horizon), residuals
+
+
+def subtree_batches(keys: pa.Table, shared: list[str], tasks: int
+                    ) -> tuple[np.ndarray, list[np.ndarray]]:
+    """Each series' subtree number (those sharing the ``shared`` columns' values) and the
+    series' rows in at most ``tasks`` batches of whole subtrees; each subtree, the
     largest first, goes to the least loaded batch."""
     frame = keys.to_pandas()
     if shared:
@@ -139,20 +173,18 @@ def subtree_batches(keys: pa.Table, shared: list[str], tasks: int) -> list[pa.Ta
     for subtree in order:  # the largest subtree to the least loaded batch
         batch_of[subtree] = int(np.argmin(loads))
         loads[batch_of[subtree]] += sizes[subtree]
-    keyed = keys.append_column("subtree", pa.array(codes))
     row_batch = batch_of[codes]
-    return [keyed.filter(pa.array(row_batch == b)) for b in range(len(loads))
-            if (row_batch == b).any()]
+    return codes, [rows for b in range(len(loads))
+                   if len(rows := np.flatnonzero(row_batch == b))]
 
 
-def reconcile_batch(store_dir: str, batch: pa.Table, structure: dict[str, Any], out: str
-                    ) -> dict[str, Any]:
-    """A Ray task: the subtrees of ``batch`` forecast from the store and reconciled; each
-    series' shift written to ``out``."""
+def reconcile_batch(batch: pa.Table, base: np.ndarray, residuals: np.ndarray,
+                    structure: dict[str, Any], out: str) -> dict[str, Any]:
+    """A Ray task: the subtrees of ``batch`` (its series' keys and subtree numbers,
+    their own forecasts and backtest errors) reconciled; each series' shift written to
+    ``out``."""
     layout = Structure(**structure)
-    store = SegmentStore(store_dir, cache_segments=max(batch.num_rows, 1))
     keys = batch.select(layout.segment_by)
-    base, residuals = base_forecasts(store, keys, layout.horizon)
     subtrees = batch.column("subtree").to_numpy()
     shifts = np.zeros_like(base)
     found = Reconciled()
@@ -165,33 +197,6 @@ def reconcile_batch(store_dir: str, batch: pa.Table, structure: dict[str, Any], 
     table = keys.append_column(RECONCILIATION, pa.array(list(shifts), pa.list_(pa.float64())))
     pq.write_table(table, out)
     return asdict(found)
-
-
-def base_forecasts(store: SegmentStore, keys: pa.Table, horizon: int
-                   ) -> tuple[np.ndarray, np.ndarray]:
-    """Each series' forecast of the ``horizon`` periods after its history, as the store
-    answers it (NaN without a model), and its backtest errors (windows x horizon,
-    flattened; NaN where it has none), one row per key."""
-    from raybricks.scoring import future_frame
-
-    tuples = key_tuples(keys, store.segment_by)
-    models = store.models(tuples, store.locate(keys))
-    lasts = {key: models[key].meta["forecast"]["last"] for key in tuples if key in models}
-    base = np.full((len(tuples), horizon), np.nan)
-    if lasts:
-        frame = future_frame(lasts, store.manifest, horizon)
-        values = store.predict(frame).values.to_numpy(dtype="float64").reshape(-1, horizon)
-        position = {key: i for i, key in enumerate(lasts)}
-        rows = [i for i, key in enumerate(tuples) if key in position]
-        base[rows] = values[[position[tuples[i]] for i in rows]]
-    errors = [np.asarray(models[key].meta["forecast"].get("residuals") or [], dtype="float64")
-              .reshape(-1) if key in models else np.empty(0) for key in tuples]
-    width = max((len(e) for e in errors), default=0)
-    residuals = np.full((len(tuples), max(width, 1)), np.nan)
-    for i, e in enumerate(errors):  # the latest windows aligned at the end
-        if len(e):
-            residuals[i, width - len(e):] = e
-    return base, residuals
 
 
 def summing_matrix(frame: pd.DataFrame, layout: Structure):

@@ -24,6 +24,7 @@ import os
 import sys
 import warnings
 from collections import OrderedDict
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -218,12 +219,34 @@ class SegmentModel:
         """The members' weighted mean (``continued``: the global model's forecast of the
         rows from this series' history, when made with other series')."""
         features = features or Features(frame)
-        total = sum(weight for _, weight in self.members)
-        mean = sum(self._member_predict(member, frame, continued, features) * (weight / total)
-                   for member, weight in self.members)
+        mean = self.blended(self._member_predict(member, frame, continued, features)
+                            for member, _ in self.members)
         if self.reconciliation is None:
             return mean
         return mean + self.reconciled_shift(frame, features)
+
+    def blended(self, predictions: Iterable[np.ndarray]) -> np.ndarray:
+        """The members' ``predictions`` (in the members' order) weighted."""
+        total = sum(weight for _, weight in self.members)
+        return sum(values * (weight / total)
+                   for values, (_, weight) in zip(predictions, self.members, strict=True))
+
+    def forecast_next(self, times: pd.Index) -> np.ndarray:
+        """Task forecast, a series without exogenous columns: its forecasts of ``times``,
+        the periods right after its history in order, as ``predict_raw`` answers rows
+        of those dates; each member forecasts them at once (``forecast_loaded``)
+        without rows, except a member of the global model, which continues the series
+        from rows as ``predict_raw`` does."""
+        future = pd.DataFrame({kinds.forecasting.TIME: times})
+
+        def forecast(member: MemberModel) -> np.ndarray:
+            if member.kind.uses_fallback:
+                rows = pd.DataFrame({member.meta["features"][0]: times})
+                return self._member_predict(member, rows, None, Features(rows))
+            raw = member.kind.forecast_loaded(member.model, future, member.meta)
+            return np.asarray(raw, dtype="float64").reshape(-1)
+
+        return self.blended(forecast(member) for member, _ in self.members)
 
     def reconciled_shift(self, frame: pd.DataFrame, features: Features | None = None
                          ) -> np.ndarray:

@@ -9,6 +9,7 @@ for a table's segment, with whose selection (``selection.py``) and result rows
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -24,8 +25,10 @@ from raybricks.kinds.forecasting import (
     TIME,
     ForecastSpec,
     conformal_offsets,
+    future_times,
     interval_neighbours,
 )
+from raybricks.segmented_model import SegmentModel
 from raybricks.training import recipe
 from raybricks.training.forecast import global_model
 from raybricks.training.forecast.series import (
@@ -181,6 +184,42 @@ def fitted_member(candidate: CandidateConfig, weight: float, params: dict[str, A
     model = kind.fit_series(params, series.frame, seed, plan.threads, plan.forecast)
     row = member_row(candidate, weight, params, kind.serialize(model), meta)
     return row | {"kind": kind.name}
+
+
+class OwnForecast:
+    """A reconciled hierarchy's series forecast in the task that fitted them: each
+    series' horizon after its history as its registered model will answer it (its
+    members, as stored, their weighted mean; a member of the global model continues the
+    series with the global model over whole series, ``Plan.global_final``), stored as
+    ``base`` in its members' forecast meta. Reconciliation starts from these."""
+
+    def __init__(self, plan: Plan) -> None:
+        self.plan = plan
+        self.fallback = (SegmentModel.from_rows(plan.global_final) if plan.global_final
+                         else None)
+
+    def added(self, members: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """``members`` (a series' serialized members; none for a failed series) with its
+        own forecast in each one's meta; as they are where that forecast fails
+        (reconciliation then counts the series as one without a forecast)."""
+        if not members:
+            return members
+        try:
+            model = SegmentModel.from_rows(members, self.fallback)
+            spec, last = self.plan.forecast, model.meta["forecast"]["last"]
+            times = future_times(spec.frequency, last if isinstance(last, int)
+                                 else pd.Timestamp(last), spec.horizon)
+            base = model.forecast_next(times)
+        except Exception:  # noqa: BLE001 - the series is reconciled as one without
+            return members
+        return [member | {"meta": json.dumps(with_base(json.loads(member["meta"]),
+                                                       base.tolist()), default=str)}
+                for member in members]
+
+
+def with_base(meta: MemberMeta, base: list[float]) -> MemberMeta:
+    """A member's meta with its series' own forecast (``SeriesMeta.base``)."""
+    return meta | {"forecast": meta["forecast"] | {"base": base}}
 
 
 @dataclass

@@ -25,7 +25,12 @@ from raybricks.kinds.forecasting import future_times, times_of
 from raybricks.results import FAILED, TRAINED, keep_fallback
 from raybricks.training.blocks import Blocks
 from raybricks.training.forecast import global_model
-from raybricks.training.forecast.backtest import baselines, block_made, train_series
+from raybricks.training.forecast.backtest import (
+    OwnForecast,
+    baselines,
+    block_made,
+    train_series,
+)
 from raybricks.training.forecast.global_model import GLOBAL_ROWS
 from raybricks.training.forecast.series import answered, block_times, forecast_spec
 from raybricks.training.plan import (
@@ -37,6 +42,7 @@ from raybricks.training.plan import (
     replace_plan,
     shrink_of,
 )
+from raybricks.training.selection import SegmentResult
 
 log = logging.getLogger(__name__)
 
@@ -140,6 +146,13 @@ def future_example(rows: pd.DataFrame, plan: Plan, periods: int = 5) -> pd.DataF
     return example
 
 
+def with_final(plan: Plan, fallback: list[dict[str, Any]]) -> Plan:
+    """``plan`` with the global model over whole series (``fallback``: its members) for
+    the tasks to forecast their series' horizon with, where they do (a reconciled
+    hierarchy: ``forecast.residuals``)."""
+    return replace_plan(plan, global_final=fallback) if plan.forecast.residuals else plan
+
+
 class ForecastTask:
     """The forecasting task (``tasks.Task``): each segment a series, forecast ahead."""
 
@@ -164,7 +177,8 @@ class ForecastTask:
         if config.fallback != "global":
             return Shared(plan, lambda run_dir: None)
         if given is not None and given.kept:
-            return given.shared(plan, plan.forecast.windows)
+            shared = given.shared(plan, plan.forecast.windows)
+            return replace(shared, plan=with_final(shared.plan, given.members))
         if given is not None and given.blocks is not None:
             blocks, num_rows = given.blocks, given.num_rows
         models, error = fit_global_models(blocks, plan, config, num_rows)
@@ -173,7 +187,8 @@ class ForecastTask:
                         "without it", error)
             return Shared(plan, lambda run_dir: keep_fallback(
                 run_dir, {"status": FAILED, "error": error}, []))
-        plan = replace_plan(plan, global_members=models[:-1], global_token=uuid.uuid4().hex)
+        plan = with_final(replace_plan(plan, global_members=models[:-1],
+                                       global_token=uuid.uuid4().hex), models[-1])
         return Shared(plan, lambda run_dir: keep_fallback(run_dir, {"status": TRAINED},
                                                           models[-1]))
 
@@ -183,8 +198,16 @@ class ForecastTask:
         # every series cleaned once; the global model's and the lag models' backtests
         # of the block's series, each window in one pass
         made = block_made(frame, todo, plan)
-        return lambda key, start, end: train_series(frame.iloc[start:end], key, plan,
-                                                    made.get(key))
+        if not plan.forecast.residuals:
+            return lambda key, start, end: train_series(frame.iloc[start:end], key, plan,
+                                                        made.get(key))
+        own = OwnForecast(plan)  # a reconciled hierarchy: each series' own forecast too
+
+        def train(key: tuple, start: int, end: int) -> tuple[SegmentResult, list[dict]]:
+            row, members = train_series(frame.iloc[start:end], key, plan, made.get(key))
+            return row, own.added(members)
+
+        return train
 
     def train_large(self, refs: list, keys: list[list[tuple]], plan: Plan,
                     config: JobConfig, run_dir: Path) -> None:
