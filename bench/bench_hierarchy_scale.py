@@ -10,7 +10,7 @@ reconciliation's share, and the driver's peak resident memory (the whole job run
 process's driver). Results: ``bench/results/hierarchy-scale.json`` (one entry per run).
 
 Usage: ``python bench/bench_hierarchy_scale.py --series 100000 [--total]
-[--method min_trace_wls_struct]``
+[--method min_trace_wls_struct] [--executor auto|ray|spark]``
 """
 
 from __future__ import annotations
@@ -69,6 +69,7 @@ def main() -> None:
     parser.add_argument("--series", type=int, default=100_000)
     parser.add_argument("--total", action="store_true")
     parser.add_argument("--method", default="min_trace_wls_struct")
+    parser.add_argument("--executor", default="auto", choices=["auto", "ray", "spark"])
     args = parser.parse_args()
 
     from raybricks.config import JobConfig
@@ -90,7 +91,8 @@ def main() -> None:
             "models": [{"name": "snaive", "kind": "statsforecast",
                         "estimator": "SeasonalNaive", "params": {"season_length": 52}}],
             "registry": {"name": "bench.hierarchy.scale"},
-            "training": {"output_dir": f"{tmp}/runs", "progress": False},
+            "training": {"output_dir": f"{tmp}/runs", "progress": False,
+                         "executor": args.executor},
         })
         with PeakRSS() as rss:
             start = time.perf_counter()
@@ -99,7 +101,7 @@ def main() -> None:
     series = report.accounting["source_segments"]
     entry = {
         "bottom_series": args.series, "series": series, "total": args.total,
-        "method": args.method, "seconds": round(seconds, 1),
+        "method": args.method, "executor": args.executor, "seconds": round(seconds, 1),
         "series_per_second": round(series / seconds, 1),
         "stages": {k: round(v, 1) for k, v in report.timings.items()},
         "stage_series_per_second": {k: round(series / v, 1) for k, v in
