@@ -59,6 +59,17 @@ class Blocks(Protocol):
     def rows(self, key: tuple | None) -> pa.Table | None:
         """One segment's rows (``key`` None: any segment's; None: no such segment)."""
 
+    def latest(self, column: str) -> Any:
+        """The largest value of ``column`` over every block, as Arrow gives it to Python
+        (None where it has none)."""
+
+
+def block_latest(block: pa.Table, index: int, column: str) -> Any:
+    """A task's body (``RayBlocks.latest``): the largest value of a block's column."""
+    import pyarrow.compute as pc
+
+    return pc.max(block.column(column)).as_py()
+
 
 class RayBlocks:
     """The Ray blocks of a dataset (``refs``: Arrow tables of whole segments, sorted by
@@ -98,6 +109,11 @@ class RayBlocks:
                             if key is None or found == key)
         return None
 
+    def latest(self, column: str) -> Any:
+        found = [value for value in self.get(self.map(block_latest, column))
+                 if value is not None]
+        return max(found, default=None)
+
 
 #: The rows ``SparkBlocks.map`` brings back: the partition's number, its pickled result.
 MAPPED = "index int, value binary"
@@ -112,10 +128,20 @@ class SparkBlocks:
     segment_by: list[str]
     partitions: int
     calls_on: str = "the driver"
+    source: DataFrame | None = None  # ``df`` before its partitioning (for aggregates)
 
     @classmethod
     def of(cls, df: DataFrame, segment_by: Sequence[str], partitions: int) -> SparkBlocks:
-        return cls(df.repartition(partitions, *segment_by), list(segment_by), partitions)
+        return cls(df.repartition(partitions, *segment_by), list(segment_by), partitions,
+                   source=df)
+
+    def latest(self, column: str) -> Any:
+        """Spark's own aggregate (no shuffle, no Python worker)."""
+        from pyspark.sql import functions as F
+
+        source = self.df if self.source is None else self.source
+        found = collect_arrow(source.agg(F.max(column).alias(column)))
+        return found.column(column)[0].as_py() if found.num_rows else None
 
     def map(self, fn: Callable, *args: Any, returns: int = 1) -> list:
         schema = self.df.schema

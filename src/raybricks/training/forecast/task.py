@@ -92,18 +92,10 @@ def forecast_plan(config: JobConfig, schema: pa.Schema, threads: int) -> Plan:
     )
 
 
-def block_end(block: pa.Table, index: int, column: str) -> Any:
-    """A task's body (``Blocks.map``): the latest value of a block's time column, as
-    pandas reads it."""
-    import pyarrow.compute as pc
-
-    return pc.max(block.column(column)).as_py()
-
-
 def series_end(blocks: Blocks, time_column: str) -> Any:
     """The latest period of the whole dataset (the end of the longest series)."""
-    ends = [e for e in blocks.get(blocks.map(block_end, time_column)) if e is not None]
-    return str(max(ends)) if ends and not isinstance(ends[0], int) else max(ends, default=None)
+    end = blocks.latest(time_column)
+    return end if end is None or isinstance(end, int) else str(end)
 
 
 def fit_global_models(blocks: Blocks, plan: Plan, config: JobConfig, num_rows: int
