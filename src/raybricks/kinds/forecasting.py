@@ -79,6 +79,8 @@ def times_of(values: pd.Series | np.ndarray, frequency: str | int) -> pd.Index:
     ``prepare_features``' epoch seconds) or integers (an integer step)."""
     if isinstance(frequency, int):
         return pd.Index(np.asarray(values, dtype="float64").astype("int64"))
+    if isinstance(values, np.ndarray) and values.dtype.kind == "M":  # naive, as an array
+        return pd.DatetimeIndex(values)
     values = pd.Series(values)
     if isinstance(values.dtype, np.dtype) and values.dtype.kind == "M":  # already naive
         return pd.DatetimeIndex(values)

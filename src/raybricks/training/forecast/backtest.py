@@ -371,7 +371,8 @@ class SeriesUnit(Unit):
                   and bt.naive.candidate.estimator == "SeasonalNaive" else 1)
         numeric = [c for c in spec.exogenous
                    if pd.api.types.is_numeric_dtype(bt.series.frame[c].dtype)]
-        values = bt.series.frame[numeric].to_numpy(dtype="float64", na_value=np.nan)
+        values = (bt.series.frame[numeric].to_numpy(dtype="float64", na_value=np.nan)
+                  if numeric else np.empty((len(y), 0)))
         return profiles.profile(values, numeric, None, [], y[-season:].tolist(),
                                 len(bt.actual)) | {
             "scale": scale(y, spec.season_length), "last": last_period(bt.series)}

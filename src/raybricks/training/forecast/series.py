@@ -187,7 +187,7 @@ def regular_rows(data: pd.DataFrame, plan: Plan) -> pd.DataFrame | None:
     target = numbers(data[plan.target])
     if not np.isfinite(target).all():
         return None
-    return pd.DataFrame({TIME: times_of(times, spec.frequency), TARGET: target,
+    return pd.DataFrame({TIME: times_of(values, spec.frequency), TARGET: target,
                          **{column: numbers(data[column]) for column in spec.exogenous}})
 
 
