@@ -319,8 +319,9 @@ def test_promotion_if_better_keeps_a_worse_champion_and_always_replaces_it(
 
 
 def test_promotion_merge_takes_the_better_model_per_segment(
-        spark, shops_result, tmp_path_factory):
+        spark, shops_result, tmp_path_factory, monkeypatch):
     import mlflow
+    from mlflow.tracking import fluent
 
     name = "tests.gate.merge"
     strong, first = published_champion(shops_result, tmp_path_factory, name, "merge")
@@ -341,9 +342,19 @@ def test_promotion_merge_takes_the_better_model_per_segment(
     model = mlflow.pyfunc.load_model(f"models:/{name}@champion")
     rows = data[data.store == "s2"]
     np.testing.assert_allclose(model.predict(rows), member_prediction(shops_result, "s2", rows))
-    # re-registering the same run is idempotent: the same versions come back
+    # re-registering the same run is idempotent: the same versions come back, also
+    # where the caller (a notebook) made another experiment active, which MLflow alone
+    # refuses to resume the run under; that experiment stays active
+    monkeypatch.setattr(fluent, "_active_experiment_id", fluent._active_experiment_id)
+    elsewhere = mlflow.set_experiment("tests.gate.elsewhere").experiment_id
+    assert elsewhere != second.experiment_id
+    with pytest.raises(mlflow.exceptions.MlflowException, match="does not match"), \
+            mlflow.start_run(run_id=second.run_id):
+        pass
     again = tracking.register_run(second.run_id, strong)
     assert again.version == second.version and again.champion_version == merged
+    with mlflow.start_run() as run:
+        assert run.info.experiment_id == elsewhere
 
 
 def members_by_store(directory: Path) -> dict[str, list[tuple]]:

@@ -9,8 +9,9 @@ registered model never imports raybricks.)
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pydantic
@@ -268,3 +269,22 @@ def log_run_metrics(metrics: dict[str, float]) -> None:
     mlflow.MlflowClient().log_batch(
         mlflow.active_run().info.run_id,
         metrics=[Metric(key, float(value), now, 0) for key, value in metrics.items()])
+
+
+@contextlib.contextmanager
+def resumed_run(run_id: str) -> Iterator[Any]:
+    """``mlflow.start_run(run_id=...)`` of an existing run whatever experiment the caller
+    made active with ``mlflow.set_experiment`` (a notebook's, another job's): MLflow 2
+    and 3 refuse to resume a run of any other experiment ("active experiment ID does not
+    match environment run ID"). The caller's active experiment, which MLflow keeps in
+    ``mlflow.tracking.fluent._active_experiment_id``, is as it was afterwards."""
+    import mlflow
+    from mlflow.tracking import fluent
+
+    active = getattr(fluent, "_active_experiment_id", None)
+    fluent._active_experiment_id = None
+    try:
+        with mlflow.start_run(run_id=run_id) as run:
+            yield run
+    finally:
+        fluent._active_experiment_id = active

@@ -15,7 +15,7 @@ from typing import Any
 import pandas as pd
 
 from raybricks import segmented_model
-from raybricks.compat import log_run_metrics, model_version_source
+from raybricks.compat import log_run_metrics, model_version_source, resumed_run
 from raybricks.config import JobConfig
 from raybricks.errors import key_text
 from raybricks.packaging import Packaged, compare, merge_segments
@@ -344,7 +344,7 @@ def register_run(run_id: str, config: JobConfig) -> Publication:
         local = Path(mlflow.artifacts.download_artifacts(artifact_uri=model_uri, dst_path=tmp))
         packaged = Packaged(local / "artifacts" / "segments", {}, 0, 0)
         example = _example_of(local)
-        with mlflow.start_run(run_id=run_id):
+        with resumed_run(run_id):
             version, decision = register_and_promote(
                 config, model_uri, run_id, tags, packaged, Path(tmp), example)
             record_decision(decision)
