@@ -139,6 +139,7 @@ def base_forecasts(store, keys, horizon: int) -> tuple[np.ndarray, np.ndarray]:
     """Each series' forecast of the ``horizon`` periods after its history, as the store
     answers it (NaN without a model), and its backtest errors (windows x horizon,
     flattened; NaN where it has none), one row per key."""
+    from raybricks.reconciliation import aligned
     from raybricks.scoring import future_frame
     from raybricks.segmented_model import key_tuples
 
@@ -154,12 +155,7 @@ def base_forecasts(store, keys, horizon: int) -> tuple[np.ndarray, np.ndarray]:
         base[rows] = values[[position[tuples[i]] for i in rows]]
     errors = [np.asarray(models[key].meta["forecast"].get("residuals") or [], dtype="float64")
               .reshape(-1) if key in models else np.empty(0) for key in tuples]
-    width = max((len(e) for e in errors), default=0)
-    residuals = np.full((len(tuples), max(width, 1)), np.nan)
-    for i, e in enumerate(errors):  # the latest windows aligned at the end
-        if len(e):
-            residuals[i, width - len(e):] = e
-    return base, residuals
+    return base, aligned(errors)
 
 
 def theirs(data: Dataset, frame: pd.DataFrame, base: np.ndarray, residuals: np.ndarray,

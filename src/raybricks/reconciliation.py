@@ -147,13 +147,20 @@ def own_forecasts(result: TrainingResult, horizon: int
             base.append(found.get("base") or [np.nan] * horizon)
             errors.append(np.asarray(found.get("residuals") or [], dtype="float64").ravel())
         keys.append(part)
+    table = pa.concat_tables(keys) if keys else pa.table({c: [] for c in segment_by})
+    return table, np.array(base, dtype="float64").reshape(-1, horizon), aligned(errors)
+
+
+def aligned(errors: list[np.ndarray]) -> np.ndarray:
+    """Each series' flattened backtest errors as one row of a matrix, the latest windows
+    aligned at the end (NaN before a series' first window; one NaN column when none has
+    any)."""
     width = max((len(e) for e in errors), default=0)
-    residuals = np.full((len(errors), max(width, 1)), np.nan)
+    matrix = np.full((len(errors), max(width, 1)), np.nan)
     for i, e in enumerate(errors):
         if len(e):
-            residuals[i, width - len(e):] = e
-    table = pa.concat_tables(keys) if keys else pa.table({c: [] for c in segment_by})
-    return table, np.array(base, dtype="float64").reshape(-1, horizon), residuals
+            matrix[i, width - len(e):] = e
+    return matrix
 
 
 def subtree_batches(keys: pa.Table, shared: list[str], tasks: int
