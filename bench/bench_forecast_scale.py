@@ -13,9 +13,10 @@ per series; that time is the cross-validation alone, on generated series of 20 t
 days (``src/data.py``: ``generate_series(min_length=20, max_length=100)``).
 
 Here the series are two years of days (``generate``: seeded, vectorized numpy, cached as
-Parquet): most with trend, weekly and yearly seasonality and noise, about 15%
-intermittent (mostly zeros, Poisson demand), about 10% short (60 to 200 days, ending on
-the same last day). Configurations (``--config``):
+Parquet; ``--days N`` for another length): most with trend, weekly and yearly
+seasonality and noise, about 15% intermittent (mostly zeros, Poisson demand), about 10%
+short (60 to 200 days, at most ``--days``, ending on the same last day). Configurations
+(``--config``):
 
 * ``cheap``: the nine benchmark models;
 * ``full``: the same plus ``AutoETS(season_length=7)`` and a LightGBM on lags 1, 7, 14
@@ -120,16 +121,18 @@ CHUNK = 5_000  # series generated (and written as one row group) at a time
 DATA_VERSION = 1  # part of the cached file's name: change it when ``generate`` changes
 
 
-def generate(path: Path, n_series: int, seed: int = 0) -> dict[str, int]:
-    """Write ``n_series`` daily series (``series`` string key, ``day`` date, ``sales``
-    float) ending on ``LAST_DAY`` to ``path``, CHUNK series at a time with numpy, each
-    chunk from its own seeded generator (so the first N series of a larger table are
-    the N-series table). Returns how many series of each kind."""
+def generate(path: Path, n_series: int, seed: int = 0, length: int = DAYS
+             ) -> dict[str, int]:
+    """Write ``n_series`` daily series of ``length`` days (``series`` string key, ``day``
+    date, ``sales`` float) ending on ``LAST_DAY`` to ``path``, CHUNK series at a time with
+    numpy, each chunk from its own seeded generator (so the first N series of a larger
+    table are the N-series table). Returns how many series of each kind."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    days = np.arange(LAST_DAY - (DAYS - 1), LAST_DAY + 1, dtype="datetime64[D]")
-    t = np.arange(DAYS)
+    short_days = (min(SHORT_DAYS[0], length // 2), min(SHORT_DAYS[1], length))
+    days = np.arange(LAST_DAY - (length - 1), LAST_DAY + 1, dtype="datetime64[D]")
+    t = np.arange(length)
     weekday = (days.astype(np.int64) + 3) % 7  # 1970-01-01 was a Thursday
     year_phase = 2 * np.pi * (days - days.astype("datetime64[Y]")).astype(np.int64) / 365.25
     schema = pa.schema([("series", pa.string()), ("day", pa.date32()),
@@ -145,26 +148,26 @@ def generate(path: Path, n_series: int, seed: int = 0) -> dict[str, int]:
             short = (draw >= SHARE_INTERMITTENT) & (draw < SHARE_INTERMITTENT + SHARE_SHORT)
             # regular: level x trend x weekly profile x yearly wave x (1 + noise)
             level = rng.lognormal(3.0, 1.0, m)[:, None]
-            trend = 1 + rng.normal(0.0, 0.3, m)[:, None] * t / DAYS
+            trend = 1 + rng.normal(0.0, 0.3, m)[:, None] * t / length
             weekly = 1 + rng.normal(0.0, 0.2, (m, 7))[:, weekday]
             yearly = 1 + rng.uniform(0.0, 0.4, m)[:, None] * np.sin(
                 year_phase + rng.uniform(0.0, 2 * np.pi, m)[:, None])
-            noise = 1 + rng.uniform(0.03, 0.2, m)[:, None] * rng.standard_normal((m, DAYS))
+            noise = 1 + rng.uniform(0.03, 0.2, m)[:, None] * rng.standard_normal((m, length))
             y = np.round(np.maximum(level * trend * weekly * yearly * noise, 0.0), 2)
             del trend, weekly, yearly, noise
             # intermittent: a demand on a share of days (5% to 30%), 1 + Poisson units
-            occurs = rng.random((m, DAYS)) < rng.uniform(0.05, 0.3, m)[:, None]
-            demand = 1.0 + rng.poisson(rng.uniform(0.5, 4.0, m)[:, None], (m, DAYS))
+            occurs = rng.random((m, length)) < rng.uniform(0.05, 0.3, m)[:, None]
+            demand = 1.0 + rng.poisson(rng.uniform(0.5, 4.0, m)[:, None], (m, length))
             y = np.where(intermittent[:, None], occurs * demand, y)
             del occurs, demand
-            length = np.where(short, rng.integers(SHORT_DAYS[0], SHORT_DAYS[1] + 1, m), DAYS)
-            kept = t[None, :] >= DAYS - length[:, None]  # row-major: series, then days
+            length = np.where(short, rng.integers(short_days[0], short_days[1] + 1, m), length)
+            kept = t[None, :] >= length - length[:, None]  # row-major: series, then days
             names = pa.array([f"s{i:07d}" for i in range(first, first + m)])
             series = pa.DictionaryArray.from_arrays(
                 pa.array(np.repeat(np.arange(m, dtype=np.int32), length)), names)
             writer.write_table(pa.table({
                 "series": series.cast(pa.string()),
-                "day": pa.array(np.broadcast_to(days, (m, DAYS))[kept]),
+                "day": pa.array(np.broadcast_to(days, (m, length))[kept]),
                 "sales": pa.array(y[kept])}, schema=schema))
             counts["intermittent"] += int(intermittent.sum())
             counts["short"] += int(short.sum())
@@ -174,15 +177,18 @@ def generate(path: Path, n_series: int, seed: int = 0) -> dict[str, int]:
     return counts
 
 
-def series_table(cache: Path, n_series: int, seed: int) -> tuple[Path, dict[str, Any]]:
-    """The cached table of ``n_series`` series (generated once), and what is in it."""
+def series_table(cache: Path, n_series: int, seed: int, days: int = DAYS
+                 ) -> tuple[Path, dict[str, Any]]:
+    """The cached table of ``n_series`` series of ``days`` days (generated once), and
+    what is in it."""
     cache.mkdir(parents=True, exist_ok=True)
-    path = cache / f"series-v{DATA_VERSION}-{n_series}-seed{seed}.parquet"
+    length = "" if days == DAYS else f"-{days}d"
+    path = cache / f"series-v{DATA_VERSION}-{n_series}{length}-seed{seed}.parquet"
     info_path = path.with_suffix(".json")
     if path.exists() and info_path.exists():
         return path, json.loads(info_path.read_text()) | {"generated_seconds": None}
     start = time.perf_counter()
-    info: dict[str, Any] = generate(path, n_series, seed)
+    info: dict[str, Any] = generate(path, n_series, seed, days)
     info["generated_seconds"] = time.perf_counter() - start
     info["bytes"] = path.stat().st_size
     info_path.write_text(json.dumps(info))
@@ -583,7 +589,8 @@ def core_seconds(seconds: float, cores: int, n_series: int) -> float:
 def report(key: str, run: dict[str, Any]) -> None:
     """One run's tables: stages of the raybricks job, statsforecast's parts, ratios."""
     n, cores = run["series"], run["machine"]["cores"]
-    print(f"\n## {key}: {n:,} series x {DAYS} days (short: {run['data']['short']:,}, "
+    print(f"\n## {key}: {n:,} series x {run.get('days', DAYS)} days "
+          f"(short: {run['data']['short']:,}, "
           f"intermittent: {run['data']['intermittent']:,}), {cores} cores, "
           f"{run['config']}" + (f" [{run['label']}]" if run.get("label") else ""))
     print(f"models: {', '.join(run['models'])}; horizon {HORIZON}, {WINDOWS} windows, "
@@ -798,6 +805,9 @@ def main() -> None:
     parser.add_argument("--label", default=None,
                         help="saved apart from the unlabelled runs (e.g. smoke)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--days", type=int, default=DAYS,
+                        help="each series' length in days (statsforecast's scale benchmark: "
+                        "20 to 100); label the run (--label) when not the default")
     parser.add_argument("--cache", default=os.path.join(tempfile.gettempdir(), "rb-bench",
                                                         "forecast-scale"),
                         help="where the generated series are kept between runs")
@@ -813,12 +823,12 @@ def main() -> None:
         on_paper(saved["runs"])
         return
 
-    table, data = series_table(Path(args.cache), args.series, args.seed)
+    table, data = series_table(Path(args.cache), args.series, args.seed, args.days)
     models = [name for name, _ in CONFIGS[args.config]["statistical"]]
     if CONFIGS[args.config]["lags"]:
         models.append("LightGBM on lags (raybricks only)")
     run: dict[str, Any] = {"config": args.config, "series": args.series,
-                           "label": args.label, "seed": args.seed, "days": DAYS,
+                           "label": args.label, "seed": args.seed, "days": args.days,
                            "horizon": HORIZON, "windows": WINDOWS, "step": STEP,
                            "models": models, "data": data | {"path": str(table)},
                            "machine": machine()}

@@ -1099,11 +1099,14 @@ def test_validate_reports_duplicate_dates_before_training(spark, tmp_path):
 
 
 @pytest.mark.topology
-def test_a_retrain_of_some_series_keeps_every_other_forecast(ray_on_spark, spark, tmp_path):
+def test_a_retrain_of_some_series_keeps_every_other_forecast(ray_on_spark, spark, tmp_path,
+                                                             monkeypatch):
     """``fallback: global`` with a global lag model that series continue or blend with:
-    a retrain of two series keeps the champion's global model (``global_model: keep``),
-    and with ``global_model: refit`` a new one fitted on every series; either way every
-    other series forecasts exactly as before, intervals included."""
+    each series' next periods are answered from the forecast its training task stored,
+    which is what its members answer; a retrain of two series keeps the champion's
+    global model (``global_model: keep``), and with ``global_model: refit`` a new one
+    fitted on every series; either way every other series forecasts exactly as before,
+    intervals included."""
     import mlflow
 
     from raybricks import pipeline
@@ -1126,10 +1129,18 @@ def test_a_retrain_of_some_series_keeps_every_other_forecast(ray_on_spark, spark
         return pd.DataFrame(model.predict(frame, params={"intervals": True}))
 
     before = forecasts()
-    index = pd.read_parquet(Path(mlflow.artifacts.download_artifacts(
-        f"models:/{name}/{first.version}", dst_path=str(tmp_path / "first")))
-        / "artifacts" / "segments" / "index.parquet")
+    with monkeypatch.context() as members_answer:  # the members, not the stored forecast
+        members_answer.setattr(SegmentModel, "stored", lambda self, frame: None)
+        pd.testing.assert_frame_equal(forecasts(), before, rtol=1e-9)
+    segments = Path(mlflow.artifacts.download_artifacts(
+        f"models:/{name}/{first.version}", dst_path=str(tmp_path / "first"))
+        ) / "artifacts" / "segments"
+    index = pd.read_parquet(segments / "index.parquet")
     assert index.chosen.str.contains("global").sum() >= 3  # the global model serves
+    shards = sorted(segments.glob("models-*.parquet"))
+    stored = pd.concat([pd.read_parquet(f, columns=["store", "meta"]) for f in shards])
+    bases = stored.meta.map(lambda m: json.loads(m)["forecast"].get("base"))
+    assert set(stored.store) == set(data.store) and bases.map(len).eq(HORIZON).all()
     later = data.copy()
     later.loc[later.store.isin(["season0", "noise0"]), "sales"] += 25
     later.to_parquet(tmp_path / "later.parquet", coerce_timestamps="us")

@@ -17,6 +17,7 @@ mlflow.
 from __future__ import annotations
 
 import datetime
+import functools
 import importlib.metadata
 import importlib.util
 import json
@@ -124,7 +125,8 @@ class Features:
 
 class MemberModel:
     """One fitted model: ``predict`` gives values (regression) or an (n, k) matrix of
-    class probabilities (classification). Its kind loads and predicts."""
+    class probabilities (classification). Its kind loads it when first asked for
+    (``model``: a series answered from its stored forecast never loads its members)."""
 
     def __init__(self, kind: str, payload: bytes, meta: dict[str, Any]) -> None:
         if kind not in kinds.BUILTIN:
@@ -133,7 +135,12 @@ class MemberModel:
         self.meta = meta
         self.task = meta["task"]
         self.n_classes = len(meta.get("classes") or [])
-        self.model = self.kind.load(payload, meta)
+        self.payload = payload
+
+    @functools.cached_property
+    def model(self) -> Any:
+        """The fitted model, loaded by its kind from the stored payload."""
+        return self.kind.load(self.payload, self.meta)
 
     def predict(self, frame: pd.DataFrame, features: Features | None = None) -> np.ndarray:
         """``features``: the rows' ``prepare_features``, shared with the other members."""
@@ -217,10 +224,13 @@ class SegmentModel:
     def predict_raw(self, frame: pd.DataFrame, continued: np.ndarray | None = None,
                     features: Features | None = None) -> np.ndarray:
         """The members' weighted mean (``continued``: the global model's forecast of the
-        rows from this series' history, when made with other series')."""
+        rows from this series' history, when made with other series'); a series' rows
+        of the periods its own forecast covers answered from it (``stored``)."""
         features = features or Features(frame)
-        mean = self.blended(self._member_predict(member, frame, continued, features)
-                            for member, _ in self.members)
+        mean = self.stored(frame)
+        if mean is None:
+            mean = self.blended(self._member_predict(member, frame, continued, features)
+                                for member, _ in self.members)
         if self.reconciliation is None:
             return mean
         return mean + self.reconciled_shift(frame, features)
@@ -230,6 +240,22 @@ class SegmentModel:
         total = sum(weight for _, weight in self.members)
         return sum(values * (weight / total)
                    for values, (_, weight) in zip(predictions, self.members, strict=True))
+
+    def stored(self, frame: pd.DataFrame) -> np.ndarray | None:
+        """A series stored with its own forecast of its horizon (``SeriesMeta.base``, the
+        members' answer made when they were fitted): that forecast at the rows' periods,
+        when every row is one of them; None otherwise (the members answer)."""
+        spec = self.meta.get("forecast") or {}
+        base = spec.get("base")
+        if base is None or not len(frame):
+            return None
+        frequency = spec["frequency"]
+        last = spec["last"] if isinstance(frequency, int) else pd.Timestamp(spec["last"])
+        times = kinds.forecasting.times_of(frame[self.meta["features"][0]], frequency)
+        steps = kinds.forecasting.steps_ahead(times, frequency, last, len(base))
+        if not steps.all():
+            return None
+        return np.asarray(base, dtype="float64")[steps - 1]
 
     def forecast_next(self, times: pd.Index) -> np.ndarray:
         """Task forecast, a series without exogenous columns: its forecasts of ``times``,
@@ -606,13 +632,15 @@ class SegmentStore:
                          models: dict[tuple, SegmentModel], frame: pd.DataFrame
                          ) -> dict[tuple, np.ndarray]:
         """Task forecast: the global model's forecasts of the rows of every series that
-        continues it (``segments``: each key and its rows), made for all of them at once
+        continues it (``segments``: each key and its rows; a series answered from its
+        stored forecast needs none), made for all of them at once
         (``GlobalKind.continue_many_series``); empty when fewer than two series do or
         the batch fails (each series then continues alone, and reports its error)."""
         by_global: dict[int, list] = {}  # per global model, the series it continues
         for key, rows in segments:
             member = models[key].continued_member() if key in models else None
-            if member is not None and models[key].fallback is not None:
+            if (member is not None and models[key].fallback is not None
+                    and models[key].stored(rows_of(frame, rows)) is None):
                 features = prepare_features(frame.iloc[rows], member.meta)
                 by_global.setdefault(id(models[key].fallback), []).append(
                     (key, member, models[key].fallback, (member.model, features, member.meta)))

@@ -37,10 +37,11 @@ class SeriesMeta(TypedDict, total=False):
     integer) and how many periods after it it answers (``limit``); its ensemble's
     conformal interval offsets (``{"levels": [...], "offsets": [[...], ...]}``) when the
     job asked for intervals; its ensemble's signed backtest errors (``residuals``:
-    windows x horizon, actual minus forecast) and its own forecast of the horizon after
-    its history (``base``: as its model answers it, made in the task that fitted it, what
-    reconciliation starts from) when it is reconciled in a hierarchy. The global model's
-    own meta has the first two only."""
+    windows x horizon, actual minus forecast) when it is reconciled in a hierarchy; its
+    own forecast of the horizon after its history (``base``: as its members answer it,
+    made in the task that fitted them; what reconciliation starts from, and what the
+    model answers for those periods) when its next periods need only their dates (no
+    exogenous or static columns). The global model's own meta has the first two only."""
 
     frequency: Required[str | int]
     exogenous: Required[list[str]]

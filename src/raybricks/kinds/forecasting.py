@@ -62,6 +62,9 @@ class ForecastSpec:
     step: int
     end: Any = None
     residuals: bool = False  # store each series' backtest errors (a reconciled hierarchy)
+    #: store each series' own forecast of its horizon (``SeriesMeta.base``): a series
+    #: without exogenous or static columns, whose next periods need nothing but its dates
+    own_forecast: bool = False
 
 
 @lru_cache(maxsize=4096)

@@ -56,8 +56,9 @@ class Plan:
     # segment's split (``selection: all`` with ``fallback: global``)
     global_members: list[list[dict[str, Any]]] = field(default_factory=list)
     global_token: str = ""
-    # task forecast, a reconciled hierarchy: the global model over whole series (the
-    # fallback's members), with which each task forecasts its series' horizon
+    # task forecast, each series' own forecast made (``ForecastSpec.own_forecast``): the
+    # global model over whole series (the fallback's members), which continues a series'
+    # history where a series blends it
     global_final: list[dict[str, Any]] = field(default_factory=list)
     serve_skipped: bool = False  # skipped segments get their baseline (no global model)
     key_fields: list[pa.Field] = field(default_factory=list)  # segment columns' types

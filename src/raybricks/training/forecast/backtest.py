@@ -187,11 +187,12 @@ def fitted_member(candidate: CandidateConfig, weight: float, params: dict[str, A
 
 
 class OwnForecast:
-    """A reconciled hierarchy's series forecast in the task that fitted them: each
-    series' horizon after its history as its registered model will answer it (its
+    """Series forecast in the task that fitted them (``ForecastSpec.own_forecast``):
+    each series' horizon after its history as its registered model answers it (its
     members, as stored, their weighted mean; a member of the global model continues the
     series with the global model over whole series, ``Plan.global_final``), stored as
-    ``base`` in its members' forecast meta. Reconciliation starts from these."""
+    ``base`` in its members' forecast meta. Reconciliation starts from these, and the
+    registered model answers its next periods from them (``SegmentModel.stored``)."""
 
     def __init__(self, plan: Plan) -> None:
         self.plan = plan

@@ -33,14 +33,15 @@ def forecast_spec(config: JobConfig) -> ForecastSpec:
     """What every series is trained with (travels in the Plan)."""
     forecast, validation = config.forecast, config.validation
     holidays = forecast.holidays
+    static = list(dict.fromkeys(forecast.static + (
+        config.segment_by if config.global_segment_features else [])))
     return ForecastSpec(
         horizon=forecast.horizon, frequency=forecast.frequency,
         season_length=forecast.seasonality, lags=forecast.lag_list,
         rolling={stat: list(w) for stat, w in forecast.rolling.items()},
         rolling_lag=forecast.rolling_lag, date_features=list(forecast.date_features),
         exogenous=list(forecast.exogenous), transform=forecast.transform,
-        static=list(dict.fromkeys(forecast.static + (
-            config.segment_by if config.global_segment_features else []))),
+        static=static,
         gaps=forecast.gaps, duplicates=forecast.duplicates,
         intervals=sorted(set(forecast.intervals)), strategy=forecast.strategy,
         holidays=None if holidays is None else HolidaySpec(
@@ -49,6 +50,7 @@ def forecast_spec(config: JobConfig) -> ForecastSpec:
             after=holidays.after),
         windows=validation.windows, step=validation.step or forecast.horizon,
         residuals=forecast.hierarchy is not None,
+        own_forecast=not forecast.exogenous and not static,
     )
 
 

@@ -140,9 +140,9 @@ def future_example(rows: pd.DataFrame, plan: Plan, periods: int = 5) -> pd.DataF
 
 def with_final(plan: Plan, fallback: list[dict[str, Any]]) -> Plan:
     """``plan`` with the global model over whole series (``fallback``: its members) for
-    the tasks to forecast their series' horizon with, where they do (a reconciled
-    hierarchy: ``forecast.residuals``)."""
-    return replace_plan(plan, global_final=fallback) if plan.forecast.residuals else plan
+    the tasks to forecast their series' horizon with, where they do
+    (``forecast.own_forecast``)."""
+    return replace_plan(plan, global_final=fallback) if plan.forecast.own_forecast else plan
 
 
 class ForecastTask:
@@ -190,10 +190,10 @@ class ForecastTask:
         # every series cleaned once; the global model's and the lag models' backtests
         # of the block's series, each window in one pass
         made = block_made(frame, todo, plan)
-        if not plan.forecast.residuals:
+        if not plan.forecast.own_forecast:
             return lambda key, start, end: train_series(frame.iloc[start:end], key, plan,
                                                         made.get(key))
-        own = OwnForecast(plan)  # a reconciled hierarchy: each series' own forecast too
+        own = OwnForecast(plan)  # each series' own forecast of its horizon too
 
         def train(key: tuple, start: int, end: int) -> tuple[SegmentResult, list[dict]]:
             row, members = train_series(frame.iloc[start:end], key, plan, made.get(key))
