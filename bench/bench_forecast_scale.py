@@ -121,18 +121,18 @@ CHUNK = 5_000  # series generated (and written as one row group) at a time
 DATA_VERSION = 1  # part of the cached file's name: change it when ``generate`` changes
 
 
-def generate(path: Path, n_series: int, seed: int = 0, length: int = DAYS
+def generate(path: Path, n_series: int, seed: int = 0, n_days: int = DAYS
              ) -> dict[str, int]:
-    """Write ``n_series`` daily series of ``length`` days (``series`` string key, ``day``
+    """Write ``n_series`` daily series of ``n_days`` days (``series`` string key, ``day``
     date, ``sales`` float) ending on ``LAST_DAY`` to ``path``, CHUNK series at a time with
     numpy, each chunk from its own seeded generator (so the first N series of a larger
     table are the N-series table). Returns how many series of each kind."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    short_days = (min(SHORT_DAYS[0], length // 2), min(SHORT_DAYS[1], length))
-    days = np.arange(LAST_DAY - (length - 1), LAST_DAY + 1, dtype="datetime64[D]")
-    t = np.arange(length)
+    short_days = (min(SHORT_DAYS[0], n_days // 2), min(SHORT_DAYS[1], n_days))
+    days = np.arange(LAST_DAY - (n_days - 1), LAST_DAY + 1, dtype="datetime64[D]")
+    t = np.arange(n_days)
     weekday = (days.astype(np.int64) + 3) % 7  # 1970-01-01 was a Thursday
     year_phase = 2 * np.pi * (days - days.astype("datetime64[Y]")).astype(np.int64) / 365.25
     schema = pa.schema([("series", pa.string()), ("day", pa.date32()),
@@ -148,26 +148,26 @@ def generate(path: Path, n_series: int, seed: int = 0, length: int = DAYS
             short = (draw >= SHARE_INTERMITTENT) & (draw < SHARE_INTERMITTENT + SHARE_SHORT)
             # regular: level x trend x weekly profile x yearly wave x (1 + noise)
             level = rng.lognormal(3.0, 1.0, m)[:, None]
-            trend = 1 + rng.normal(0.0, 0.3, m)[:, None] * t / length
+            trend = 1 + rng.normal(0.0, 0.3, m)[:, None] * t / n_days
             weekly = 1 + rng.normal(0.0, 0.2, (m, 7))[:, weekday]
             yearly = 1 + rng.uniform(0.0, 0.4, m)[:, None] * np.sin(
                 year_phase + rng.uniform(0.0, 2 * np.pi, m)[:, None])
-            noise = 1 + rng.uniform(0.03, 0.2, m)[:, None] * rng.standard_normal((m, length))
+            noise = 1 + rng.uniform(0.03, 0.2, m)[:, None] * rng.standard_normal((m, n_days))
             y = np.round(np.maximum(level * trend * weekly * yearly * noise, 0.0), 2)
             del trend, weekly, yearly, noise
             # intermittent: a demand on a share of days (5% to 30%), 1 + Poisson units
-            occurs = rng.random((m, length)) < rng.uniform(0.05, 0.3, m)[:, None]
-            demand = 1.0 + rng.poisson(rng.uniform(0.5, 4.0, m)[:, None], (m, length))
+            occurs = rng.random((m, n_days)) < rng.uniform(0.05, 0.3, m)[:, None]
+            demand = 1.0 + rng.poisson(rng.uniform(0.5, 4.0, m)[:, None], (m, n_days))
             y = np.where(intermittent[:, None], occurs * demand, y)
             del occurs, demand
-            length = np.where(short, rng.integers(short_days[0], short_days[1] + 1, m), length)
-            kept = t[None, :] >= length - length[:, None]  # row-major: series, then days
+            length = np.where(short, rng.integers(short_days[0], short_days[1] + 1, m), n_days)
+            kept = t[None, :] >= n_days - length[:, None]  # row-major: series, then days
             names = pa.array([f"s{i:07d}" for i in range(first, first + m)])
             series = pa.DictionaryArray.from_arrays(
                 pa.array(np.repeat(np.arange(m, dtype=np.int32), length)), names)
             writer.write_table(pa.table({
                 "series": series.cast(pa.string()),
-                "day": pa.array(np.broadcast_to(days, (m, length))[kept]),
+                "day": pa.array(np.broadcast_to(days, (m, n_days))[kept]),
                 "sales": pa.array(y[kept])}, schema=schema))
             counts["intermittent"] += int(intermittent.sum())
             counts["short"] += int(short.sum())
