@@ -106,6 +106,44 @@ def test_runs_cut_by_bytes_keep_every_segment_whole(spark, tmp_path, monkeypatch
     assert len(parts) >= 4  # many runs, not one per partition
 
 
+@pytest.mark.topology
+def test_tasks_write_their_parts_where_they_reach_the_run_directory(spark, tmp_path,
+                                                                   monkeypatch):
+    """Where Spark's tasks see the run directory (here: the same machine; a Volume on a
+    cluster) they write their own parts and send the driver no model bytes (a driver
+    takes at most spark.driver.maxResultSize of task results in a job); where they do
+    not, the driver writes what they send. The same segments train either way."""
+    from raybricks.training import on_spark
+
+    config = job(tmp_path, models=CANDIDATES[:1])
+    frame = helpers.shops()
+    assert on_spark.reaches(spark, tmp_path)
+    assert not list(tmp_path.glob(".reach-*"))  # the probe's file is gone
+    sent: list[int] = []
+    rows = on_spark.outcome_rows
+
+    def counted(df):
+        for row in rows(df):
+            sent.append(len(row["results"] or b"") + len(row["models"] or b""))
+            yield row
+
+    monkeypatch.setattr(on_spark, "outcome_rows", counted)
+    results = {}
+    for written_by in ("tasks", "driver"):
+        if written_by == "driver":
+            monkeypatch.setattr(on_spark, "reaches", lambda spark, run_dir: False)
+        sent.clear()
+        result = train_segments(spark_segments(spark.createDataFrame(frame), ["store"],
+                                               len(frame), spark), config)
+        results[written_by] = by_key(result, ["store"])
+        assert sent and (max(sent) == 0) == (written_by == "tasks"), written_by
+        names = [p.name for p in (result.run_dir / "models").glob("part-spark-*")]
+        assert names and all(n.count("-") == (4 if written_by == "tasks" else 5)
+                             for n in names), names
+    pd.testing.assert_series_equal(results["tasks"].n_rows, results["driver"].n_rows)
+    assert (results["tasks"].status == results["driver"].status).all()
+
+
 class FakeSession:
     """Stands in for a Spark Connect session where only its module is asked."""
 

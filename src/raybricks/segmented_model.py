@@ -139,8 +139,10 @@ class MemberModel:
 
     @functools.cached_property
     def model(self) -> Any:
-        """The fitted model, loaded by its kind from the stored payload."""
-        return self.kind.load(self.payload, self.meta)
+        """The fitted model, loaded by its kind from the stored payload (then let go)."""
+        model = self.kind.load(self.payload, self.meta)
+        self.payload = None
+        return model
 
     def predict(self, frame: pd.DataFrame, features: Features | None = None) -> np.ndarray:
         """``features``: the rows' ``prepare_features``, shared with the other members."""

@@ -158,19 +158,29 @@ def on_path(paths: list[str]) -> None:
 
 def train_partition(batches: Iterator[pa.RecordBatch], task: Task, plan: Plan,
                     run_bytes: int, isolated: Isolation | None = None,
-                    code_paths: tuple[str, ...] = ()) -> Iterator[pa.RecordBatch]:
+                    code_paths: tuple[str, ...] = (), run_dir: str | None = None,
+                    job: str = "") -> Iterator[pa.RecordBatch]:
     """A Spark task's body (``mapInArrow``): the partition's rows, sorted by the segment
     key, cut into runs of whole segments of about ``run_bytes``, each trained by
     ``train_block`` (``isolated``: in watched child processes, ``train_isolated``); one
     row per run: its part name, segments and Outcome bytes. ``code_paths``: the driver's
-    folders of the user's code (``user_code_paths``)."""
+    folders of the user's code (``user_code_paths``). ``run_dir``: the run directory,
+    where this task can reach it (``reaches``): the task writes its runs' parts there
+    itself, named by ``job`` and the partition (a retried task rewrites the same names,
+    after removing what an earlier attempt left), and its rows carry no bytes."""
     from pyspark import TaskContext
 
     on_path(list(code_paths))
 
     context = TaskContext.get()
-    prefix = (f"part-spark-{context.partitionId():06d}-{context.attemptNumber()}-"
-              f"{uuid.uuid4().hex[:6]}")
+    if run_dir is None:
+        prefix = (f"part-spark-{context.partitionId():06d}-{context.attemptNumber()}-"
+                  f"{uuid.uuid4().hex[:6]}")
+    else:
+        prefix = f"part-spark-{job}-{context.partitionId():06d}"
+        if context.attemptNumber():
+            for stale in Path(run_dir).glob(f"*/{prefix}-*.parquet"):
+                stale.unlink(missing_ok=True)
     pending: list[pa.RecordBatch] = []
     size = number = 0
 
@@ -179,8 +189,12 @@ def train_partition(batches: Iterator[pa.RecordBatch], task: Task, plan: Plan,
         outcome = (train_block(table, task, plan) if isolated is None
                    else train_isolated(table, task, plan, isolated))
         number += 1
+        name = f"{prefix}-{number:05d}"
+        if run_dir is not None:
+            outcome.write(Path(run_dir), name)
+            outcome = Outcome(outcome.segments, b"", b"")  # written: nothing to ship
         return pa.RecordBatch.from_pydict(
-            {"name": [f"{prefix}-{number:05d}"], "segments": [outcome.segments],
+            {"name": [name], "segments": [outcome.segments],
              "results": [outcome.results], "models": [outcome.models]},
             schema=OUTCOME_SCHEMA)
 
@@ -313,6 +327,10 @@ def merged(outcomes: list[Outcome]) -> Outcome:
         pa.concat_tables(models, promote_options="permissive") if models else pa.table({}))
 
 
+#: What a job whose tasks sent the driver too many bytes failed of.
+RESULT_SIZE = ("the tasks' trained models passed spark.driver.maxResultSize on their way "
+               "to the driver, which writes them into training.output_dir")
+
 OUTCOME_SCHEMA = pa.schema([("name", pa.string()), ("segments", pa.int64()),
                             ("results", pa.binary()), ("models", pa.binary())])
 
@@ -338,6 +356,10 @@ def train_on_spark(segments: SparkSegments, task: Task, plan: Plan, config: JobC
             if limit:
                 raise
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            if "maxResultSize" in str(exc):
+                first = (f"{RESULT_SIZE}: set training.output_dir to a path Spark's "
+                         "executors reach (a Unity Catalog Volume), where the tasks write "
+                         "their own parts, or raise spark.driver.maxResultSize")
             log.warning("a Spark task was lost beyond its retries (%s: %s): training the "
                         "segments without a result again, each run watched",
                         type(exc).__name__, first[:300])
@@ -356,13 +378,46 @@ def _run(segments: SparkSegments, task: Task, plan: Plan, run_dir: Path,
         df = join_on_segments(df, done, keys, "left_anti")
     order = [*keys, *([plan.time_column] if plan.time_column else [])]
     laid_out = df.repartition(segments.partitions, *keys).sortWithinPartitions(*order)
-    body = functools.partial(train_partition, task=task, plan=plan, run_bytes=RUN_BYTES,
-                             isolated=isolated, code_paths=tuple(user_code_paths(plan)))
     with workers_import_raybricks():
+        body = functools.partial(
+            train_partition, task=task, plan=plan, run_bytes=RUN_BYTES, isolated=isolated,
+            code_paths=tuple(user_code_paths(plan)), job=uuid.uuid4().hex[:8],
+            run_dir=str(run_dir) if reaches(df.sparkSession, run_dir) else None)
         for row in outcome_rows(laid_out.mapInArrow(body, OUTCOMES)):
             Outcome(row["segments"], row["results"], row["models"]).write(run_dir,
                                                                           row["name"])
             bar.update(row["segments"])
+
+
+def reaches(spark: SparkSession, run_dir: Path) -> bool:
+    """Whether Spark's tasks see the driver's ``run_dir`` (a local master, or a shared
+    path such as a Unity Catalog Volume: one task looks for a file the driver wrote), so
+    they write their parts there themselves: what they send the driver stays small (a
+    driver collects at most ``spark.driver.maxResultSize`` of task results in a job:
+    1 GB by default, which a million series' models pass)."""
+    try:
+        if spark.conf.get("spark.master", "").startswith("local["):
+            return True
+    except Exception:  # noqa: BLE001 - a session that does not say (Spark Connect): look
+        pass
+    marker = run_dir / f".reach-{uuid.uuid4().hex[:8]}"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    marker.touch()
+    try:
+        found = spark.range(1, numPartitions=1).mapInArrow(
+            functools.partial(path_exists, path=str(marker)), "found boolean").collect()
+        return bool(found and found[0]["found"])
+    except Exception:  # noqa: BLE001 - not seen: the driver writes the parts
+        return False
+    finally:
+        marker.unlink(missing_ok=True)
+
+
+def path_exists(batches: Iterator[pa.RecordBatch], path: str) -> Iterator[pa.RecordBatch]:
+    """``reaches``' task: one row, whether ``path`` exists where the task runs."""
+    for _ in batches:
+        pass
+    yield pa.RecordBatch.from_pydict({"found": [Path(path).exists()]})
 
 
 def outcome_rows(df: DataFrame) -> Iterator[dict[str, Any]]:
