@@ -6,10 +6,14 @@ its rows batch by batch, cuts them into runs of whole segments of about ``RUN_BY
 (runs sized by bytes, so a task's memory stays bounded whatever the segments: Python
 UDF memory is limited on serverless), trains each run with the same body Ray's packed
 tasks run (``packed.train_block``: candidates, search, selection, baseline, global
-model, profiles) and yields its ``Outcome`` as one row. The driver reads those rows as
-Spark's tasks finish (Spark Connect streams them; on a classic session, the Arrow
-stream ``collect`` uses, read batch by batch) and writes each as parts of the run
-directory, so the registry stage reads the run as it reads a Ray run.
+model, profiles). Where the tasks reach the run directory (a local master, or a path
+every executor sees, such as a Unity Catalog Volume: ``reaches``), each task writes its
+runs' parts there itself and yields a row per run without bytes; otherwise it yields
+each run's ``Outcome`` as one row, which the driver writes. The driver reads those rows
+as Spark's tasks finish (Spark Connect streams them; on a classic session, the Arrow
+stream ``collect`` uses, read batch by batch), so the registry stage reads the run as
+it reads a Ray run. (A driver takes at most ``spark.driver.maxResultSize`` of task
+results in a job, 1 GB by default: a million series' models pass it.)
 
 Faults: with ``training.segment_timeout_s``, each run trains in a child process of the
 task (a fork), segment by segment, watched by the task: a segment past the limit is
