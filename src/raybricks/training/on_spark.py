@@ -34,6 +34,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
+import os
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -394,34 +395,43 @@ def _run(segments: SparkSegments, task: Task, plan: Plan, run_dir: Path,
 
 
 def reaches(spark: SparkSession, run_dir: Path) -> bool:
-    """Whether Spark's tasks see the driver's ``run_dir`` (a local master, or a shared
-    path such as a Unity Catalog Volume: one task looks for a file the driver wrote), so
-    they write their parts there themselves: what they send the driver stays small (a
-    driver collects at most ``spark.driver.maxResultSize`` of task results in a job:
-    1 GB by default, which a million series' models pass)."""
+    """Whether Spark's tasks can write the driver's ``run_dir`` (a local master, or a
+    shared path such as a Unity Catalog Volume: one task finds a file the driver wrote
+    and writes one beside it, as parts are written), so they write their parts there
+    themselves: what they send the driver stays small (a driver collects at most
+    ``spark.driver.maxResultSize`` of task results in a job: 1 GB by default, which a
+    million series' models pass)."""
     try:
         if spark.conf.get("spark.master", "").startswith("local["):
             return True
     except Exception:  # noqa: BLE001 - a session that does not say (Spark Connect): look
         pass
     marker = run_dir / f".reach-{uuid.uuid4().hex[:8]}"
+    answer = marker.with_name(f"{marker.name}-seen")
     run_dir.mkdir(parents=True, exist_ok=True)
     marker.touch()
     try:
-        found = spark.range(1, numPartitions=1).mapInArrow(
-            functools.partial(path_exists, path=str(marker)), "found boolean").collect()
-        return bool(found and found[0]["found"])
-    except Exception:  # noqa: BLE001 - not seen: the driver writes the parts
+        spark.range(1, numPartitions=1).mapInArrow(
+            functools.partial(reach_probe, marker=str(marker)), "seen boolean").collect()
+        return answer.exists()
+    except Exception:  # noqa: BLE001 - not reached: the driver writes the parts
         return False
     finally:
         marker.unlink(missing_ok=True)
+        answer.unlink(missing_ok=True)
 
 
-def path_exists(batches: Iterator[pa.RecordBatch], path: str) -> Iterator[pa.RecordBatch]:
-    """``reaches``' task: one row, whether ``path`` exists where the task runs."""
+def reach_probe(batches: Iterator[pa.RecordBatch], marker: str) -> Iterator[pa.RecordBatch]:
+    """``reaches``' task: where it sees ``marker``, it writes ``<marker>-seen`` the way
+    parts are written (a temporary file renamed)."""
     for _ in batches:
         pass
-    yield pa.RecordBatch.from_pydict({"found": [Path(path).exists()]})
+    found = Path(marker)
+    if found.exists():
+        tmp = found.with_name(f"{found.name}.tmp")
+        tmp.write_bytes(b"")
+        os.replace(tmp, found.with_name(f"{found.name}-seen"))
+    yield pa.RecordBatch.from_pydict({"seen": [found.exists()]})
 
 
 def outcome_rows(df: DataFrame) -> Iterator[dict[str, Any]]:
