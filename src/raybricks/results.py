@@ -108,6 +108,16 @@ class Outcome:
                 write_part(run_dir / directory, name, data)
 
 
+def commit_part(staged: Path, run_dir: Path, name: str) -> None:
+    """Move a part a task wrote under ``staged`` (its ``models`` and ``results``) into
+    the run, models first (as ``Outcome.write`` writes them)."""
+    for directory in ("models", "results"):
+        source = staged / directory / f"{name}.parquet"
+        if source.exists():
+            (run_dir / directory).mkdir(parents=True, exist_ok=True)
+            os.replace(source, run_dir / directory / f"{name}.parquet")
+
+
 def part_files(directory: Path) -> list[Path]:
     """The Parquet parts of a run's ``results`` or ``models``, in name order."""
     return sorted(directory.glob("*.parquet")) if directory.exists() else []

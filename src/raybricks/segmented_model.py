@@ -247,14 +247,10 @@ class SegmentModel:
         """A series stored with its own forecast of its horizon (``SeriesMeta.base``, the
         members' answer made when they were fitted): that forecast at the rows' periods,
         when every row is one of them; None otherwise (the members answer)."""
-        spec = self.meta.get("forecast") or {}
-        base = spec.get("base")
+        base = (self.meta.get("forecast") or {}).get("base")
         if base is None or not len(frame):
             return None
-        frequency = spec["frequency"]
-        last = spec["last"] if isinstance(frequency, int) else pd.Timestamp(spec["last"])
-        times = kinds.forecasting.times_of(frame[self.meta["features"][0]], frequency)
-        steps = kinds.forecasting.steps_ahead(times, frequency, last, len(base))
+        steps, _ = kinds.forecasting.row_steps(frame, self.meta, len(base))
         if not steps.all():
             return None
         return np.asarray(base, dtype="float64")[steps - 1]

@@ -107,13 +107,15 @@ def steps_ahead(times: pd.Index, frequency: str | int, last: Any, limit: int) ->
     return np.where(position >= 0, position + 1, 0)
 
 
-def row_steps(features: pd.DataFrame, meta: dict[str, Any]) -> tuple[np.ndarray, Any]:
+def row_steps(features: pd.DataFrame, meta: dict[str, Any], limit: int | None = None
+              ) -> tuple[np.ndarray, Any]:
     """Each row's periods after the stored series' last date (0 outside the next
-    ``limit``), and that last date."""
+    ``limit``, by default the periods it answers), and that last date. ``features``:
+    the rows as prepared, or as given (their time column either way)."""
     spec = meta["forecast"]
     last = spec["last"] if isinstance(spec["frequency"], int) else pd.Timestamp(spec["last"])
     times = times_of(features[meta["features"][0]], spec["frequency"])
-    return steps_ahead(times, spec["frequency"], last, spec["limit"]), last
+    return steps_ahead(times, spec["frequency"], last, limit or spec["limit"]), last
 
 
 def interval_columns(levels: list[float]) -> list[str]:

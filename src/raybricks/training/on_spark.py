@@ -34,7 +34,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
-import os
+import shutil
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -48,7 +48,7 @@ from raybricks.compat import arrow_schema
 from raybricks.config import JobConfig
 from raybricks.data import arrow_size_estimate, segment_starts
 from raybricks.errors import SetupError
-from raybricks.results import Outcome, read_parts
+from raybricks.results import Outcome, commit_part, read_parts, write_part
 from raybricks.sources import join_on_segments
 from raybricks.training.blocks import SparkBlocks
 from raybricks.training.packed import limit_threads, train_block
@@ -163,29 +163,24 @@ def on_path(paths: list[str]) -> None:
 
 def train_partition(batches: Iterator[pa.RecordBatch], task: Task, plan: Plan,
                     run_bytes: int, isolated: Isolation | None = None,
-                    code_paths: tuple[str, ...] = (), run_dir: str | None = None,
-                    job: str = "") -> Iterator[pa.RecordBatch]:
+                    code_paths: tuple[str, ...] = (), staged: str | None = None
+                    ) -> Iterator[pa.RecordBatch]:
     """A Spark task's body (``mapInArrow``): the partition's rows, sorted by the segment
     key, cut into runs of whole segments of about ``run_bytes``, each trained by
     ``train_block`` (``isolated``: in watched child processes, ``train_isolated``); one
     row per run: its part name, segments and Outcome bytes. ``code_paths``: the driver's
-    folders of the user's code (``user_code_paths``). ``run_dir``: the run directory,
-    where this task can reach it (``reaches``): the task writes its runs' parts there
-    itself, named by ``job`` and the partition (a retried task rewrites the same names,
-    after removing what an earlier attempt left), and its rows carry no bytes."""
+    folders of the user's code (``user_code_paths``). ``staged``: the job's folder in the
+    run directory, where this task can write it (``reaches``): the task writes its runs'
+    parts there and its rows carry no bytes; the driver moves a part into the run when
+    its row arrives (``commit_part``), so a failed or cancelled attempt's parts never
+    count."""
     from pyspark import TaskContext
 
     on_path(list(code_paths))
 
     context = TaskContext.get()
-    if run_dir is None:
-        prefix = (f"part-spark-{context.partitionId():06d}-{context.attemptNumber()}-"
-                  f"{uuid.uuid4().hex[:6]}")
-    else:
-        prefix = f"part-spark-{job}-{context.partitionId():06d}"
-        if context.attemptNumber():
-            for stale in Path(run_dir).glob(f"*/{prefix}-*.parquet"):
-                stale.unlink(missing_ok=True)
+    prefix = (f"part-spark-{context.partitionId():06d}-{context.attemptNumber()}-"
+              f"{uuid.uuid4().hex[:6]}")
     pending: list[pa.RecordBatch] = []
     size = number = 0
 
@@ -195,8 +190,8 @@ def train_partition(batches: Iterator[pa.RecordBatch], task: Task, plan: Plan,
                    else train_isolated(table, task, plan, isolated))
         number += 1
         name = f"{prefix}-{number:05d}"
-        if run_dir is not None:
-            outcome.write(Path(run_dir), name)
+        if staged is not None:
+            outcome.write(Path(staged), name)
             outcome = Outcome(outcome.segments, b"", b"")  # written: nothing to ship
         return pa.RecordBatch.from_pydict(
             {"name": [name], "segments": [outcome.segments],
@@ -332,6 +327,9 @@ def merged(outcomes: list[Outcome]) -> Outcome:
         pa.concat_tables(models, promote_options="permissive") if models else pa.table({}))
 
 
+#: The run directory's folder where tasks write parts until the driver takes them.
+STAGED = "staged"
+
 #: What a job whose tasks sent the driver too many bytes failed of.
 RESULT_SIZE = ("the tasks' trained models passed spark.driver.maxResultSize on their way "
                "to the driver, which writes them into training.output_dir")
@@ -383,15 +381,21 @@ def _run(segments: SparkSegments, task: Task, plan: Plan, run_dir: Path,
         df = join_on_segments(df, done, keys, "left_anti")
     order = [*keys, *([plan.time_column] if plan.time_column else [])]
     laid_out = df.repartition(segments.partitions, *keys).sortWithinPartitions(*order)
+    staged = run_dir / STAGED / uuid.uuid4().hex[:8]
     with workers_import_raybricks():
+        reached = reaches(df.sparkSession, run_dir)
         body = functools.partial(
             train_partition, task=task, plan=plan, run_bytes=RUN_BYTES, isolated=isolated,
-            code_paths=tuple(user_code_paths(plan)), job=uuid.uuid4().hex[:8],
-            run_dir=str(run_dir) if reaches(df.sparkSession, run_dir) else None)
-        for row in outcome_rows(laid_out.mapInArrow(body, OUTCOMES)):
-            Outcome(row["segments"], row["results"], row["models"]).write(run_dir,
-                                                                          row["name"])
-            bar.update(row["segments"])
+            code_paths=tuple(user_code_paths(plan)), staged=str(staged) if reached else None)
+        try:
+            for row in outcome_rows(laid_out.mapInArrow(body, OUTCOMES)):
+                Outcome(row["segments"], row["results"], row["models"]).write(run_dir,
+                                                                              row["name"])
+                if reached:
+                    commit_part(staged, run_dir, row["name"])
+                bar.update(row["segments"])
+        finally:
+            shutil.rmtree(staged, ignore_errors=True)  # what no row vouched for
 
 
 def reaches(spark: SparkSession, run_dir: Path) -> bool:
@@ -407,7 +411,7 @@ def reaches(spark: SparkSession, run_dir: Path) -> bool:
     except Exception:  # noqa: BLE001 - a session that does not say (Spark Connect): look
         pass
     marker = run_dir / f".reach-{uuid.uuid4().hex[:8]}"
-    answer = marker.with_name(f"{marker.name}-seen")
+    answer = marker.with_name(f"{marker.name}-seen.parquet")
     run_dir.mkdir(parents=True, exist_ok=True)
     marker.touch()
     try:
@@ -422,15 +426,13 @@ def reaches(spark: SparkSession, run_dir: Path) -> bool:
 
 
 def reach_probe(batches: Iterator[pa.RecordBatch], marker: str) -> Iterator[pa.RecordBatch]:
-    """``reaches``' task: where it sees ``marker``, it writes ``<marker>-seen`` the way
-    parts are written (a temporary file renamed)."""
+    """``reaches``' task: where it sees ``marker``, it writes ``<marker>-seen.parquet``
+    with ``write_part``, as parts are written."""
     for _ in batches:
         pass
     found = Path(marker)
     if found.exists():
-        tmp = found.with_name(f"{found.name}.tmp")
-        tmp.write_bytes(b"")
-        os.replace(tmp, found.with_name(f"{found.name}-seen"))
+        write_part(found.parent, f"{found.name}-seen", b"")
     yield pa.RecordBatch.from_pydict({"seen": [found.exists()]})
 
 
