@@ -8,7 +8,8 @@ UDF memory is limited on serverless), trains each run with the same body Ray's p
 tasks run (``packed.train_block``: candidates, search, selection, baseline, global
 model, profiles). Where the tasks reach the run directory (a local master, or a path
 every executor sees, such as a Unity Catalog Volume: ``reaches``), each task writes its
-runs' parts there itself and yields a row per run without bytes; otherwise it yields
+runs' parts into the run's staging folder and yields a row per run without bytes, and
+the driver moves each part into the run as its row arrives; otherwise it yields
 each run's ``Outcome`` as one row, which the driver writes. The driver reads those rows
 as Spark's tasks finish (Spark Connect streams them; on a classic session, the Arrow
 stream ``collect`` uses, read batch by batch), so the registry stage reads the run as
