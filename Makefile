@@ -10,15 +10,17 @@ STAMP := $(VENV)/.synced
 RUNTIMES := dbr-15.4 dbr-16.4 dbr-17.3
 
 .PHONY: setup test demo ui-check lint bench clean test-runtimes $(addprefix test-,$(RUNTIMES)) \
-	$(addprefix setup-,$(RUNTIMES)) runtimes-table
+	$(addprefix setup-,$(RUNTIMES)) runtimes-table setup-foundation test-foundation
 
 setup: $(STAMP)
 
 # --compile-bytecode: the .pyc files are written here, once (as pip does); else each process
-# (each Ray worker) compiles what it imports, every time where PYTHONDONTWRITEBYTECODE is set
+# (each Ray worker) compiles what it imports, every time where PYTHONDONTWRITEBYTECODE is set.
+# --no-extra foundation: its packages pull torch (from PyPI, the multi-GB CUDA build); they
+# have their own environment, .venv-foundation (`make test-foundation`).
 $(STAMP): pyproject.toml uv.lock | $(UV)
 	@scripts/check-java
-	$(UV) sync --frozen --all-extras --compile-bytecode --python $(PYTHON)
+	$(UV) sync --frozen --all-extras --no-extra foundation --compile-bytecode --python $(PYTHON)
 	@touch $@
 
 .tools/bin/uv:
@@ -65,5 +67,21 @@ test-runtimes: $(addprefix test-,$(RUNTIMES))
 runtimes-table:
 	$(PYTHON) ci/runtimes/table.py --write
 
+# The `foundation` extra's tests (pretrained Chronos and TimesFM on tiny random-weight
+# models) in their own environment: CPU torch from a local wheel, then the locked packages
+# (see ci/foundation/setup); rebuilt when pyproject.toml or uv.lock change.
+FOUNDATION_VENV := .venv-foundation
+FOUNDATION_STAMP := $(FOUNDATION_VENV)/.ready
+
+setup-foundation: $(FOUNDATION_STAMP)
+
+$(FOUNDATION_STAMP): pyproject.toml uv.lock ci/foundation/setup | $(UV)
+	@scripts/check-java
+	UV=$(abspath $(UV)) ci/foundation/setup
+
+test-foundation: setup-foundation
+	$(FOUNDATION_VENV)/bin/python -m pytest -p no:cacheprovider -m foundation tests
+
 clean:
-	rm -rf $(VENV) $(addprefix .venv-,$(RUNTIMES)) .tools build spark-warehouse .pytest_cache
+	rm -rf $(VENV) $(addprefix .venv-,$(RUNTIMES)) $(FOUNDATION_VENV) .tools build spark-warehouse \
+		.pytest_cache

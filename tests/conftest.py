@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from importlib.util import find_spec
 
 import pytest
 
@@ -25,16 +26,27 @@ MASTER = os.environ.get("RAYBRICKS_TEST_MASTER") or None
 #: Also run the tests marked ``extended`` (slow variants of what other tests cover).
 EXTENDED = os.environ.get("RAYBRICKS_EXTENDED_TESTS") == "1"
 
+#: The ``foundation`` extra's packages this environment lacks (found, not imported: torch is
+#: slow to import). Only .venv-foundation (``make test-foundation``) has them all.
+FOUNDATION_MISSING = [name for name in ("torch", "chronos", "timesfm") if find_spec(name) is None]
+
 
 def pytest_collection_modifyitems(config, items):
     """On another master, only the tests marked ``topology`` run; in local mode, all but
     those marked ``cluster_only``. Tests marked ``extended`` run only where
-    ``RAYBRICKS_EXTENDED_TESTS=1``."""
+    ``RAYBRICKS_EXTENDED_TESTS=1``. Tests marked ``foundation`` are skipped where the
+    extra's packages are missing (every environment but .venv-foundation)."""
     wanted = "cluster_only" if MASTER is None else "topology"
     chosen = [item for item in items if (wanted in item.keywords) == (MASTER is not None)
               and (EXTENDED or "extended" not in item.keywords)]
     config.hook.pytest_deselected(items=[item for item in items if item not in chosen])
     items[:] = chosen
+    if FOUNDATION_MISSING:
+        skip = pytest.mark.skip(reason=f"no {', '.join(FOUNDATION_MISSING)}: the foundation "
+                                "extra's tests run in .venv-foundation (make test-foundation)")
+        for item in items:
+            if "foundation" in item.keywords:
+                item.add_marker(skip)
 
 
 @pytest.fixture(scope="session")

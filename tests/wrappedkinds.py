@@ -12,6 +12,7 @@ import numpy as np
 
 from raybricks.kinds import ModelKind, filled_input
 from raybricks.kinds.lightgbm import LightGBMKind
+from raybricks.kinds.pretrained import ChronosKind
 from raybricks.kinds.xgboost import XGBoostKind
 from tests.faults import _wait_for
 
@@ -131,3 +132,13 @@ def _stop_after(after_round, stop_after: int, pid_file: Path):
             _wait_for(lambda: False)  # until killed
 
     return wrapped
+
+
+class RecordingChronos(ChronosKind):
+    """``kind: chronos`` that records the device each load was asked for (with the GPUs
+    its Ray task held) and loads on the CPU: the tests' GPUs are Ray's numbers only."""
+
+    @classmethod
+    def load_pipeline(cls, folder, device):
+        record_fit(f"chronos in {os.getpid()}", device)
+        return super().load_pipeline(folder, "cpu")

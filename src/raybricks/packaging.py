@@ -25,6 +25,7 @@ import pyarrow.parquet as pq
 
 from raybricks import kinds, metrics
 from raybricks.data import segment_starts
+from raybricks.kinds import pretrained
 from raybricks.results import TrainingResult, float_values, part_files, rows_to_table
 from raybricks.segmented_model import (
     CLASSIFICATION,
@@ -83,7 +84,24 @@ def package_result(result: TrainingResult, directory: Path, source: str = "") ->
         "forecast": result.forecast,
         "global_model": name,
     } | ({} if result.task in CLASSIFICATION else {"classes": None})
-    return write_segments(directory, manifest, run_parts(result, source, name), fallback)
+    packaged = write_segments(directory, manifest, run_parts(result, source, name), fallback)
+    carry_weights(packaged.directory, (result.forecast or {}).get("pretrained") or {})
+    return packaged
+
+
+def carry_weights(directory: Path, records: dict[str, dict[str, str]]) -> None:
+    """The pretrained weights the candidates of ``records`` (the forecast manifest's
+    ``pretrained``: source, SHA-256, store) keep in the model (``store: copy``), copied
+    once each into ``pretrained/<sha256>``, checked against their checksum."""
+    for name, record in records.items():
+        target = Path(directory) / pretrained.CARRIED_FOLDER / record["sha256"]
+        if record["store"] != "copy" or target.exists():
+            continue
+        folder = pretrained.weights_folder(record["source"])
+        if pretrained.folder_digest(folder) != record["sha256"]:
+            raise ValueError(f"models[{name}]: the weights at {record['source']} changed "
+                             "while the job ran: train again")
+        shutil.copytree(folder, target, ignore=shutil.ignore_patterns(".*"))
 
 
 def named_global(members: pa.Table, name: str) -> pa.Table:
@@ -425,7 +443,13 @@ def merge_segments(
     parts = itertools.chain(
         _merged_parts(Path(challenger), take_new, labels[0], segment_by, schema, defaults[0]),
         _merged_parts(Path(champion), keep_old, labels[1], segment_by, schema, defaults[1]))
-    return write_segments(directory, manifest, parts, fallback)
+    packaged = write_segments(directory, manifest, parts, fallback)
+    for source, taken in ((challenger, True), (champion, keep_old.any())):
+        carried = Path(source) / pretrained.CARRIED_FOLDER
+        if taken and carried.is_dir():
+            shutil.copytree(carried, packaged.directory / pretrained.CARRIED_FOLDER,
+                            dirs_exist_ok=True)
+    return packaged
 
 
 def referred_globals(directory: Path, taken: np.ndarray, default: str | None) -> set[str]:

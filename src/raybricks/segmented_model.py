@@ -479,6 +479,7 @@ class SegmentStore:
 
         self.directory = Path(directory)
         self.manifest = json.loads((self.directory / MANIFEST).read_text())
+        kinds.pretrained.provide(self.directory)  # the weights it carries, if any
         self.segment_by: list[str] = self.manifest["segment_by"]
         self.features: list[str] = self.manifest["features"]
         self.task: str = self.manifest["task"]

@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from . import lags
+from . import lags, pretrained
 from .base import (
     CLASSIFICATION,
     ModelKind,
@@ -42,6 +42,8 @@ BUILTIN = {
     "global": "pooled:GlobalKind",
     "statsforecast": "statsforecast:StatsForecastKind",
     "prophet": "prophet:ProphetKind",
+    "chronos": "pretrained:ChronosKind",
+    "timesfm": "pretrained:TimesFMKind",
 }
 
 
@@ -81,7 +83,8 @@ def forecaster_kind(kind: str) -> type[ForecastKind]:
         return found
     if found.uses_fallback:
         raise ValueError(f"kind {kind!r} cannot forecast: use lightgbm, xgboost, sklearn, "
-                         "catboost, statsforecast, prophet or your own kind")
+                         "catboost, statsforecast, prophet, chronos, timesfm or your own "
+                         "kind")
     return resolve(lags.PREFIX + kind)
 
 
@@ -134,5 +137,5 @@ def ship(stored: Iterable[str], directory: Path) -> list[str]:
 __all__ = [
     "BUILTIN", "CLASSIFICATION", "ForecastKind", "ModelKind", "filled_input", "forecaster",
     "forecaster_kind", "frame_input", "import_object", "of", "prepare_features", "resolve",
-    "ship", "StoredKind", "to_float",
+    "pretrained", "ship", "StoredKind", "to_float",
 ]

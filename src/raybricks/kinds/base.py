@@ -208,6 +208,16 @@ def boosting_params(params: dict[str, Any], defaults: dict[str, Any], task: str,
     return params, rounds
 
 
+def holds_gpus(candidate: Any) -> bool:
+    """Whether the candidate asks for GPUs (``resources.num_gpus``) and this Ray task (or
+    Ray Train worker) holds some: where a kind fits on the GPU."""
+    if candidate.resources.num_gpus <= 0:
+        return False
+    import ray
+
+    return bool(ray.is_initialized() and ray.get_gpu_ids())
+
+
 # --------------------------------------------------------------------------- the protocol
 
 

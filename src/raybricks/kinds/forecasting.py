@@ -260,6 +260,20 @@ class ForecastKind(StoredKind):
         time; None (the default): each series alone."""
         return None
 
+    def fit_each(self, params: dict[str, Any], frames: list[pd.DataFrame], seeds: list[int],
+                 threads: int, spec: ForecastSpec) -> list[Any] | None:
+        """``fit_series`` of many series at once (``frames``, each with its seed), where
+        the kind has a faster way than one series at a time (a pretrained model forecasts
+        them in batches); None (the default): each chosen member is fitted alone."""
+        return None
+
+    def own_intervals(self, params: dict[str, Any], model: Any, levels: list[float]
+                      ) -> list[list[float]] | None:
+        """A fitted model's own interval offsets around its forecast of the horizon
+        (``interval_columns`` order x horizon) at ``levels``, where it has them and the
+        candidate asks for them; None (the default): conformal intervals."""
+        return None
+
     def forecast(self, model: Any, future: pd.DataFrame, spec: ForecastSpec) -> np.ndarray:
         """The fitted model's values for the periods of ``future`` (the stored half's
         ``forecast_loaded``, given the meta keys a stored member has of the spec)."""

@@ -208,6 +208,14 @@ def version_tags(result: TrainingResult, config: JobConfig, metrics: dict[str, f
     return tags
 
 
+def weights_tags(result: TrainingResult) -> dict[str, str]:
+    """Where each pretrained candidate's weights came from (source, SHA-256, how the
+    model keeps them), as run tags ``raybricks.pretrained.<candidate>.*``."""
+    records = (result.forecast or {}).get("pretrained") or {}
+    return {f"raybricks.pretrained.{name}.{key}": str(value)
+            for name, record in records.items() for key, value in record.items()}
+
+
 def publish(result: TrainingResult, config: JobConfig, *,
             timings: dict[str, float] | None = None,
             accounting: dict[str, int] | None = None) -> Publication:
@@ -227,6 +235,7 @@ def publish(result: TrainingResult, config: JobConfig, *,
                          "raybricks.config_hash": config.config_hash()})
         mlflow.log_params(flatten(config.model_dump(mode="json")))
         mlflow.log_dict(config.model_dump(mode="json"), "config.json")
+        mlflow.set_tags(weights_tags(result))
         metrics = aggregate_metrics(result, [c.name for c in config.models], timings,
                                     accounting)
         log_run_metrics(metrics)

@@ -19,6 +19,7 @@ import pyarrow as pa
 
 from raybricks.config import CandidateConfig, JobConfig
 from raybricks.data import segment_bounds
+from raybricks.kinds.base import holds_gpus
 from raybricks.kinds.forecasting import ForecastSpec
 from raybricks.results import TRAINED, keep_fallback
 from raybricks.segmented_model import SegmentModel
@@ -100,13 +101,7 @@ def needs_gpus(candidate: CandidateConfig) -> bool:
 def on_device(kind: Any, params: dict[str, Any]) -> dict[str, Any]:
     """``params`` for one fit of ``kind``: under them, the kind's ``device_params("cuda")``
     when its candidate asks for GPUs and this Ray task (or Ray Train worker) holds some."""
-    if not needs_gpus(kind.candidate):
-        return params
-    import ray
-
-    if not (ray.is_initialized() and ray.get_gpu_ids()):
-        return params
-    return kind.device_params("cuda") | params
+    return kind.device_params("cuda") | params if holds_gpus(kind.candidate) else params
 
 
 GLOBAL = CandidateConfig(name="global", kind="global")

@@ -170,20 +170,46 @@ def last_period(series: Series) -> str | int:
     return last.isoformat() if isinstance(last, pd.Timestamp) else int(last)
 
 
+def member_model(candidate: CandidateConfig, params: dict[str, Any], series: Series,
+                 plan: Plan, key: tuple) -> Any:
+    """A chosen candidate fitted on the whole series (None for the global model's
+    member, which continues the series with the job's global model)."""
+    if candidate is GLOBAL:
+        return None
+    seed = stable_seed(plan.seed, key, candidate.name, "fit")
+    return kinds.forecaster(candidate).fit_series(params, series.frame, seed, plan.threads,
+                                                  plan.forecast)
+
+
 def fitted_member(candidate: CandidateConfig, weight: float, params: dict[str, Any],
                   series: Series, plan: Plan, key: tuple,
                   bounds: dict[str, Any] | None = None,
-                  residuals: np.ndarray | None = None) -> dict[str, Any]:
-    """A chosen candidate refitted on the whole series, serialized."""
+                  residuals: np.ndarray | None = None, model: Any = None) -> dict[str, Any]:
+    """A chosen candidate refitted on the whole series (``model``: fitted already),
+    serialized."""
     meta = series_meta(series, plan, bounds, residuals)
     if candidate is GLOBAL:  # the job's global model continues its stored history
         return member_row(GLOBAL, weight, {}, global_model.history_payload(series, plan),
                           meta)
+    if model is None:
+        model = member_model(candidate, params, series, plan, key)
     kind = kinds.forecaster(candidate)
-    seed = stable_seed(plan.seed, key, candidate.name, "fit")
-    model = kind.fit_series(params, series.frame, seed, plan.threads, plan.forecast)
     row = member_row(candidate, weight, params, kind.serialize(model), meta)
     return row | {"kind": kind.name}
+
+
+def model_intervals(chosen: list[tuple[Evaluation, float, Any]], plan: Plan
+                    ) -> dict[str, Any] | None:
+    """A series' intervals from its model's own quantiles (``ForecastKind.own_intervals``)
+    where its ensemble is that one member and its candidate asks for them; None
+    otherwise (conformal intervals)."""
+    levels = plan.forecast.intervals
+    if len(chosen) != 1 or not levels or chosen[0][0].candidate is GLOBAL:
+        return None
+    found, _, model = chosen[0]
+    offsets = kinds.forecaster(found.candidate).own_intervals(found.params, model, levels)
+    return None if offsets is None else {"levels": levels, "offsets": offsets,
+                                         "method": "quantiles"}
 
 
 class OwnForecast:
@@ -233,6 +259,7 @@ class BlockMade:
     global_backtest: np.ndarray | None = None
     forecasts: dict[str, np.ndarray] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)  # its share of each batch
+    fitted: dict[str, Any] = field(default_factory=dict)  # ``ForecastKind.fit_each``'s
 
 
 def block_made(frame: pd.DataFrame, bounds: list[tuple[tuple, int, int]], plan: Plan
@@ -262,16 +289,21 @@ def block_made(frame: pd.DataFrame, bounds: list[tuple[tuple, int, int]], plan: 
         if method_of(candidate) != "none":
             continue  # settings to search: each series searches its own
         seeds = [stable_seed(plan.seed, key, candidate.name, "fit") for key in keys]
+        kind, params = kinds.forecaster(candidate), dict(candidate.params)
         began = time.perf_counter()
         try:
-            made = kinds.forecaster(candidate).backtest_many(
-                dict(candidate.params), frames, origins, seeds, plan.threads, plan.forecast)
+            made = kind.backtest_many(params, frames, origins, seeds, plan.threads,
+                                      plan.forecast)
+            fitted = (kind.fit_each(params, frames, seeds, plan.threads, plan.forecast)
+                      if made is not None else None)
         except Exception:  # noqa: BLE001 - each series then tries alone
             continue
         share = (time.perf_counter() - began) / len(keys)
-        for key, forecasts in zip(keys, made or [], strict=False):
+        for position, (key, forecasts) in enumerate(zip(keys, made or [], strict=False)):
             found[key].forecasts[candidate.name] = forecasts
             found[key].seconds[candidate.name] = share
+            if fitted is not None:
+                found[key].fitted[candidate.name] = fitted[position]
     return found
 
 
@@ -356,12 +388,16 @@ class SeriesUnit(Unit):
         return chosen
 
     def members(self, bt: Backtest, chosen: Chosen) -> list[dict[str, Any]]:
-        bounds = intervals(cross_selected_errors(bt.evaluations, bt.actual, self.plan,
-                                                 bt.cross), bt.divisor, self.plan)
+        made = self.made.fitted if self.made is not None else {}
+        fitted = [(e, w, made[e.candidate.name] if e.candidate.name in made else
+                   member_model(e.candidate, e.params, bt.series, self.plan, self.key))
+                  for e, w in chosen]
+        bounds = model_intervals(fitted, self.plan) or intervals(cross_selected_errors(
+            bt.evaluations, bt.actual, self.plan, bt.cross), bt.divisor, self.plan)
         residuals = (((bt.actual - bt.cross) * bt.divisor).reshape(
             -1, self.plan.forecast.horizon) if self.plan.forecast.residuals else None)
         return [fitted_member(e.candidate, w, e.params, bt.series, self.plan, self.key,
-                              bounds, residuals) for e, w in chosen]
+                              bounds, residuals, model) for e, w, model in fitted]
 
     def profile(self, bt: Backtest) -> dict[str, Any]:
         """The series' naive forecast (its last season, or value, as its baseline chose),

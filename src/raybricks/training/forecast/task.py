@@ -22,6 +22,7 @@ from raybricks.config import CandidateConfig, JobConfig
 from raybricks.errors import DataError
 from raybricks.kinds import ForecastKind
 from raybricks.kinds.forecasting import future_times, times_of
+from raybricks.kinds.pretrained import PretrainedKind
 from raybricks.results import FAILED, TRAINED, keep_fallback
 from raybricks.training.blocks import Blocks
 from raybricks.training.forecast import global_model
@@ -121,10 +122,23 @@ def forecast_manifest(plan: Plan, schema: pa.Schema) -> dict[str, Any] | None:
     time_type = ("date" if pa.types.is_date(kind) else "integer"
                  if not pa.types.is_timestamp(kind) else "timestamp" if kind.tz
                  else "timestamp_ntz")
-    return {"time_column": plan.time_column, "time_type": time_type,
-            "frequency": spec.frequency, "horizon": spec.horizon,
-            "season_length": spec.season_length, "exogenous": spec.exogenous,
-            "answers": answered(spec), "intervals": spec.intervals}
+    found = {"time_column": plan.time_column, "time_type": time_type,
+             "frequency": spec.frequency, "horizon": spec.horizon,
+             "season_length": spec.season_length, "exogenous": spec.exogenous,
+             "answers": answered(spec), "intervals": spec.intervals}
+    weights = pretrained_weights(plan)
+    return found | ({"pretrained": weights} if weights else {})
+
+
+def pretrained_weights(plan: Plan) -> dict[str, dict[str, str]]:
+    """Per pretrained candidate, where its weights came from: their source, SHA-256 and
+    how the registered model keeps them (``store``)."""
+    found = {}
+    for candidate in plan.candidates:
+        kind = kinds.forecaster(candidate)
+        if isinstance(kind, PretrainedKind):
+            found[candidate.name] = {k: v for k, v in kind.weights().items() if k != "folder"}
+    return found
 
 
 def future_example(rows: pd.DataFrame, plan: Plan, periods: int = 5) -> pd.DataFrame:

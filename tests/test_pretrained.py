@@ -1,0 +1,343 @@
+"""Pretrained forecasters (``kind: chronos``, ``kind: timesfm``) on tiny random-weight
+models of the real architectures (``tests/pretrained_models.py``), loaded from folders as
+a user's weights are: batches answer as one series at a time, backtests see nothing
+after their origin, the context length holds, the model's quantiles give ordered
+intervals, and a job with them beside the statistical candidates, the global fallback
+and intervals registers a model that carries the weights once and answers, through plain
+MLflow, what the training tasks stored and what only the model can say."""
+
+from __future__ import annotations
+
+import json
+import pickle
+import shutil
+from pathlib import Path
+
+import mlflow
+import numpy as np
+import pandas as pd
+import pytest
+
+pytest.importorskip("chronos")
+pytest.importorskip("timesfm")
+
+from raybricks import kinds, tracking  # noqa: E402
+from raybricks.config import CandidateConfig  # noqa: E402
+from raybricks.data import to_ray_dataset  # noqa: E402
+from raybricks.errors import ConfigError  # noqa: E402
+from raybricks.kinds import pretrained  # noqa: E402
+from raybricks.kinds.forecasting import conformal_offsets, interval_neighbours  # noqa: E402
+from raybricks.pipeline import check_job  # noqa: E402
+from raybricks.results import TRAINED  # noqa: E402
+from raybricks.segmented_model import SegmentModel  # noqa: E402
+from raybricks.training import train_segments  # noqa: E402
+from raybricks.training.forecast.series import windows  # noqa: E402
+from tests.pretrained_models import BUILDERS, KINDS  # noqa: E402
+from tests.test_forecast import (  # noqa: E402
+    FAST,
+    HORIZON,
+    forecast_job,
+    plan_for,
+    predict_without_raybricks,
+    stores,
+)
+
+pytestmark = pytest.mark.foundation
+
+
+@pytest.fixture(scope="module")
+def weights(tmp_path_factory):
+    """Each tiny model's folder, by name (bolt, chronos2, timesfm)."""
+    root = tmp_path_factory.mktemp("weights")
+    return {name: build(root / name) for name, build in BUILDERS.items()}
+
+
+def kind_of(name: str, folder, **params) -> pretrained.PretrainedKind:
+    candidate = CandidateConfig(name=name, kind=KINDS[name],
+                                params={"model": str(folder), **params})
+    return kinds.forecaster(candidate)
+
+
+def noisy_series(count: int = 9, seed: int = 0) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [40 + 10 * np.sin(np.arange(n) / 3.0) + rng.normal(size=n)
+            for n in range(40, 40 + 25 * count, 25)]
+
+
+@pytest.mark.parametrize("name", list(BUILDERS))
+def test_a_batch_answers_as_one_series_at_a_time(weights, name):
+    kind = kind_of(name, weights[name])
+    pipeline = kind.pipeline(weights[name], "cpu", 1)
+    requests = [pretrained.Request(values) for values in noisy_series()]
+    together = kind.forecast_batch(pipeline, requests, HORIZON, 4)  # batches of 4
+    alone = [kind.forecast_batch(pipeline, [r], HORIZON, 4) for r in requests]
+    assert together.points.shape == (len(requests), HORIZON)
+    assert together.quantiles.shape == (len(requests), HORIZON, len(together.levels))
+    np.testing.assert_allclose(together.points, np.concatenate([a.points for a in alone]),
+                               rtol=1e-4, atol=1e-4)
+    assert (np.diff(together.quantiles, axis=-1) >= 0).all()  # ordered, even at random
+    assert np.isfinite(together.points).all()
+
+
+@pytest.mark.parametrize("name", list(BUILDERS))
+def test_backtest_windows_see_nothing_after_their_origin(weights, name, tmp_path):
+    kind = kind_of(name, weights[name], context_length=64)
+    frame = stores()
+    plan = plan_for(frame, tmp_path, models=FAST)
+    spec = plan.forecast
+    frames = [pd.DataFrame({"ds": g.day.to_numpy(), "y": g.sales.to_numpy(dtype="float64")})
+              for _, g in frame.groupby("store")][:4]
+    origins = [windows(len(f), spec) for f in frames]
+    made = kind.backtest_many({"model": str(weights[name]), "context_length": 64}, frames,
+                              origins, [0] * 4, 1, spec)
+    for position, (f, cuts) in enumerate(zip(frames, origins, strict=True)):
+        assert made[position].shape == (len(cuts) * HORIZON,)
+        for window, origin in enumerate(cuts):
+            changed = f.assign(y=np.where(np.arange(len(f)) >= origin, 1e6, f.y))
+            again = kind.backtest({"model": str(weights[name]), "context_length": 64},
+                                  changed, [origin], 0, 1, spec)
+            found = made[position][window * HORIZON:(window + 1) * HORIZON]
+            np.testing.assert_allclose(again, found, rtol=1e-4, atol=1e-3)
+            # a value inside the context does change it (the check above could fail)
+            earlier = f.assign(y=np.where(np.arange(len(f)) == origin - 1, 1e3, f.y))
+            moved = kind.backtest({"model": str(weights[name]), "context_length": 64},
+                                  earlier, [origin], 0, 1, spec)
+            assert not np.allclose(moved, found, rtol=1e-4, atol=1e-3)
+            # ... and one before the context does not
+            before = f.assign(y=np.where(np.arange(len(f)) < origin - 64, 1e3, f.y))
+            np.testing.assert_allclose(kind.backtest(
+                {"model": str(weights[name]), "context_length": 64}, before, [origin], 0, 1,
+                spec), found, rtol=1e-4, atol=1e-3)
+
+
+def test_model_intervals_come_from_its_quantiles_where_they_reach(weights):
+    chronos2 = kind_of("chronos2", weights["chronos2"], intervals="quantiles")
+    params = dict(chronos2.candidate.params)
+    frame = pd.DataFrame({"y": noisy_series()[3]})
+    spec = plan_for(stores(), "/tmp", models=FAST).forecast
+    model = chronos2.fit_series(params, frame, 0, 1, spec)
+    offsets = np.asarray(chronos2.own_intervals(params, model, [80, 95]))
+    levels = np.asarray(model["levels"])
+    quantiles, path = np.asarray(model["quantiles"]), np.asarray(model["path"])
+    # lo_95, lo_80, hi_80, hi_95: the 2.5%, 10%, 90% and 97.5% quantiles minus the path
+    for row, q in zip(offsets, (0.025, 0.1, 0.9, 0.975), strict=True):
+        expected = [np.interp(q, levels, quantiles[step]) - path[step]
+                    for step in range(HORIZON)]
+        np.testing.assert_allclose(row, expected, atol=1e-8)
+    assert (np.diff(offsets, axis=0) >= -1e-9).all()  # nested
+    # Chronos-Bolt's quantiles stop at 10% and 90%: 95% is left to conformal intervals
+    bolt = kind_of("bolt", weights["bolt"], intervals="quantiles")
+    bolt_params = dict(bolt.candidate.params)
+    bolt_model = bolt.fit_series(bolt_params, frame, 0, 1, spec)
+    assert bolt.own_intervals(bolt_params, bolt_model, [80, 95]) is None
+    assert bolt.own_intervals(bolt_params, bolt_model, [80]) is not None
+    # without intervals: quantiles, conformal (the default)
+    assert kind_of("chronos2", weights["chronos2"]).own_intervals(
+        {"model": params["model"]}, model, [80]) is None
+
+
+def test_bad_settings_are_clear_errors_before_training(weights, tmp_path):
+    def job(models, **forecast):
+        return forecast_job(tmp_path, models=models, forecast={
+            "horizon": HORIZON, "frequency": "D", **forecast})
+
+    with pytest.raises((ConfigError, ValueError), match="needs params.model"):
+        job([{"name": "c", "kind": "chronos"}])
+    with pytest.raises((ConfigError, ValueError), match="unknown setting"):
+        job([{"name": "c", "kind": "chronos", "params": {"model": "x/y", "temperature": 1}}])
+    with pytest.raises((ConfigError, ValueError), match="needs JAX"):
+        job([{"name": "t", "kind": "timesfm", "params": {"model": str(weights["timesfm"])}}],
+            exogenous=["promo"])
+    missing = job([{"name": "c", "kind": "chronos",
+                    "params": {"model": str(tmp_path / "nowhere")}}])
+    with pytest.raises(ConfigError, match="Unity Catalog"):
+        check_job(missing, register=False)
+
+
+@pytest.fixture(scope="module")
+def trained(ray_on_spark, spark, weights, tmp_path_factory):
+    """A job as users run it: the statistical, lag and pretrained candidates together,
+    ``fallback: global``, intervals at 80 and 95%, the default ensemble and shrink;
+    TimesFM's weights kept by reference, the Chronos ones copied."""
+    data = stores()
+    models = [
+        {"name": "lgbm", "kind": "lightgbm",
+         "params": {"n_estimators": 20, "num_leaves": 7, "min_child_samples": 5}},
+        *FAST,
+        {"name": "bolt", "kind": "chronos", "params": {"model": str(weights["bolt"])}},
+        {"name": "chronos2", "kind": "chronos",
+         "params": {"model": str(weights["chronos2"]), "intervals": "quantiles"}},
+        {"name": "timesfm", "kind": "timesfm",
+         "params": {"model": str(weights["timesfm"]), "store": "reference"}},
+    ]
+    config = forecast_job(tmp_path_factory.mktemp("runs"), models=models, fallback="global",
+                          registry={"name": "tests.pretrained.model"},
+                          forecast={"horizon": HORIZON, "frequency": "D",
+                                    "rolling": {"mean": [7]}, "intervals": [80, 95]})
+    check_job(config)
+    result = train_segments(to_ray_dataset(spark.createDataFrame(data), ["store"]), config)
+    return data, result, tracking.publish(result, config)
+
+
+def test_pretrained_candidates_are_backtested_and_stored_like_the_others(trained, weights):
+    data, result, _ = trained
+    segments = result.segments.set_index("store")
+    assert (segments.status == TRAINED).all(), segments.reason
+    for name in ("bolt", "chronos2", "timesfm"):
+        assert segments[f"{name}_mase"].notna().all()  # judged on the same windows
+    members = result.models().to_pandas()
+    stored = members[members.kind.isin(["chronos", "timesfm"])]
+    for _, row in stored.iterrows():
+        model = pickle.loads(row.payload)
+        meta = json.loads(row.meta)
+        history = data[data.store == row.store].sales.to_numpy()
+        assert len(model["context"]) == min(len(history), 512)
+        np.testing.assert_allclose(model["context"], history[-len(model["context"]):],
+                                   rtol=1e-6)
+        assert len(model["path"]) == HORIZON and len(meta["forecast"]["base"]) == HORIZON
+        assert model["weights"]["sha256"] == pretrained.folder_digest(weights[row.candidate])
+
+
+def test_the_registered_model_carries_the_weights_once_and_answers_beyond_them(
+        trained, weights, tmp_path):
+    data, result, publication = trained
+    run = mlflow.get_run(publication.run_id)
+    for name in ("bolt", "chronos2", "timesfm"):
+        assert run.data.tags[f"raybricks.pretrained.{name}.sha256"] == \
+            pretrained.folder_digest(weights[name])
+    local = mlflow.artifacts.download_artifacts(publication.model_uri)
+    carried = sorted(p.name for p in (
+        Path(local) / "artifacts" / "segments" / "pretrained").iterdir())
+    assert carried == sorted(pretrained.folder_digest(weights[n]) for n in ("bolt", "chronos2"))
+
+    last = data.groupby("store").day.max()
+    stores_asked = sorted(data.store.unique())
+    rows = pd.DataFrame([{"store": s, "day": last[s] + pd.Timedelta(days=step)}
+                         for s in stores_asked for step in range(1, 2 * HORIZON + 1)])
+    members = result.models().to_pandas()
+    fallback = SegmentModel.from_rows(result.fallback) if result.fallback else None
+    expected = np.concatenate([
+        SegmentModel.from_rows(members[members.store == s].to_dict("records"), fallback)
+        .predict(rows[rows.store == s]) for s in stores_asked])
+    # the copied Chronos weights gone from where they were trained: the model's copy serves
+    moved = {n: weights[n].with_name(weights[n].name + "-moved") for n in ("bolt", "chronos2")}
+    for name, target in moved.items():
+        shutil.move(weights[name], target)
+    try:
+        output = predict_without_raybricks(publication.model_uri, rows, tmp_path,
+                                           {"intervals": True})
+    finally:
+        for name, target in moved.items():
+            shutil.move(target, weights[name])
+    np.testing.assert_allclose(output.prediction.to_numpy(), expected, rtol=1e-5, atol=1e-5)
+    assert np.isfinite(output.prediction).all()  # the second week: the models forecast it
+    first_week = output[(rows.day <= rows.store.map(last) + pd.Timedelta(days=HORIZON))
+                        .to_numpy()]
+    assert (first_week.lo_95 <= first_week.lo_80).all()
+    assert (first_week.hi_80 <= first_week.hi_95).all()
+
+
+def test_weights_kept_by_reference_are_checked_against_their_checksum(trained, weights):
+    _, result, _ = trained
+    members = result.models().to_pandas()
+    row = members[members.kind == "timesfm"].iloc[0]
+    model = pickle.loads(row.payload)
+    meta = json.loads(row.meta)
+    future = pd.DataFrame({"ds": pd.date_range("2030-01-01", periods=2 * HORIZON)})
+    kind = kinds.resolve("timesfm")
+    ahead = kind.forecast_loaded(model, future, meta)  # beyond the path: the model runs
+    assert len(ahead) == 2 * HORIZON and np.isfinite(ahead).all()
+    np.testing.assert_allclose(ahead[:HORIZON], model["path"], rtol=1e-4, atol=1e-4)
+    tampered = dict(model, weights=dict(model["weights"], sha256="0" * 64))
+    with pytest.raises(ValueError, match="not those the model was trained with"):
+        kind.forecast_loaded(tampered, future, meta)
+
+
+def test_quantile_intervals_against_the_conformal_ones(ray_on_spark, spark, weights,
+                                                       tmp_path):
+    """One Chronos-2 per series: with ``intervals: quantiles`` the stored offsets are its
+    quantiles around its forecast; with the default, conformal offsets of its backtest
+    errors; both nested around the same forecast."""
+    data = stores()[lambda f: f.store.isin(["season0", "noise1", "season2"])]
+    found = {}
+    for method in ("quantiles", "conformal"):
+        config = forecast_job(tmp_path / method, models=[
+            {"name": "chronos2", "kind": "chronos",
+             "params": {"model": str(weights["chronos2"]), "intervals": method}}],
+            forecast={"horizon": HORIZON, "frequency": "D", "intervals": [80, 95]})
+        result = train_segments(to_ray_dataset(spark.createDataFrame(data), ["store"]),
+                                config)
+        members = result.models().to_pandas().set_index("store")
+        found[method] = {s: json.loads(members.loc[s, "meta"])["forecast"]
+                         for s in members.index}
+        assert (result.segments.status == TRAINED).all()
+    kind = kind_of("chronos2", weights["chronos2"])
+    spec = plan_for(data, tmp_path, models=FAST).forecast
+    for store in found["quantiles"]:
+        quantile, conformal = found["quantiles"][store], found["conformal"][store]
+        assert quantile["base"] == pytest.approx(conformal["base"])
+        assert quantile["intervals"]["method"] == "quantiles"
+        assert "method" not in conformal["intervals"]
+        q, c = (np.asarray(x["intervals"]["offsets"]) for x in (quantile, conformal))
+        assert q.shape == c.shape == (4, HORIZON)
+        for offsets in (q, c):
+            assert (np.diff(offsets, axis=0) >= -1e-9).all()
+        assert not np.allclose(q, c)
+        # the conformal ones: of the backtest's absolute errors, recomputed here
+        frame = pd.DataFrame({"y": data[data.store == store].sales.to_numpy(dtype="float64")})
+        origins = windows(len(frame), spec)
+        forecasts = kind.backtest({"model": str(weights["chronos2"])}, frame, origins, 0, 1,
+                                  spec)
+        actual = np.concatenate([frame.y.to_numpy()[o:o + HORIZON] for o in origins])
+        errors = np.abs(actual - forecasts).reshape(-1, HORIZON)
+        np.testing.assert_allclose(c, conformal_offsets(errors, [80, 95], interval_neighbours(
+            HORIZON)), rtol=1e-4, atol=1e-4)
+
+
+#: A forecasting job whose Chronos candidate asks for a GPU, on a local Ray of two CPUs
+#: and two GPUs that do not exist (Ray schedules by the numbers it is given).
+GPU_JOB = """
+    import json, sys
+    import pandas as pd
+    import pyarrow as pa
+    import ray
+    from raybricks.cluster import ray_cluster
+    from raybricks.config import ClusterConfig
+    from raybricks.data import SegmentedDataset, cut_into_blocks, sort_by_segment
+    from raybricks.training import train_segments
+    from tests.test_forecast import FAST, forecast_job, stores
+
+    frame = stores()
+    table = sort_by_segment(pa.Table.from_pandas(frame, preserve_index=False), ["store"])
+    blocks, segments = cut_into_blocks(table, ["store"], 400)
+    models = [*FAST, {"name": "bolt", "kind": "tests.wrappedkinds.RecordingChronos",
+                      "params": {"model": sys.argv[2]}, "resources": {"num_gpus": 1}}]
+    config = forecast_job(sys.argv[1], models=models)
+    with ray_cluster(ClusterConfig(mode="local", num_cpus=2, num_gpus_head_node=2),
+                     gpus=config.gpu_candidates()):
+        dataset = SegmentedDataset([ray.put(b) for b in blocks], ["store"], "arrow",
+                                   table.num_rows, table.schema, segments)
+        result = train_segments(dataset, config)
+    print("statuses", json.dumps(result.segments.status.value_counts().to_dict()))
+    print("scored", int(result.segments["bolt_mase"].notna().sum()))
+"""
+
+
+@pytest.mark.heavy
+def test_a_gpu_candidate_forecasts_on_the_gpu_its_task_holds(weights, tmp_path):
+    from tests.test_gpu import run
+
+    fits = tmp_path / "fits.jsonl"
+    done = run(GPU_JOB.replace('sys.argv[2]', repr(str(weights["bolt"]))), tmp_path,
+               RAYBRICKS_TEST_FITS=str(fits))
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = dict(line.split(" ", 1) for line in done.stdout.splitlines()
+                 if line.startswith(("statuses ", "scored ")))
+    assert json.loads(lines["statuses"]) == {"trained": 13}
+    assert int(lines["scored"]) == 13
+    loads = [json.loads(line) for line in fits.read_text().splitlines()]
+    in_tasks = [f for f in loads if f["gpu_ids"]]
+    assert in_tasks and all(f["device"] == "cuda" for f in in_tasks)
+    # one load per process (on the device its tasks use), not per series or block
+    processes = [f["candidate"] for f in in_tasks]
+    assert len(processes) == len(set(processes))
