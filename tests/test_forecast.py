@@ -956,8 +956,10 @@ def test_global_model_learns_across_series_from_static_columns(ray_on_spark, spa
         members = models[models.store == store].to_dict("records")
         expected = SegmentModel.from_rows(members, fallback).predict(frame[mask])
         np.testing.assert_allclose(predicted[mask], expected, rtol=1e-9)
-    continuing = [(store, member) for store in stores if (member := SegmentModel.from_rows(
-        models[models.store == store].to_dict("records"), fallback).continued_member())]
+    built = {store: SegmentModel.from_rows(models[models.store == store].to_dict("records"),
+                                           fallback) for store in stores}
+    continuing = [(store, built[store].members[position][0]) for store in stores
+                  if (position := built[store].continued_member()) is not None]
     requests = [(member.model, prepare_features(frame[frame.store == store], member.meta),
                  member.meta) for store, member in continuing]
     pooled = fallback.members[0][0]

@@ -29,7 +29,7 @@ from raybricks.kinds import pretrained  # noqa: E402
 from raybricks.kinds.forecasting import conformal_offsets, interval_neighbours  # noqa: E402
 from raybricks.pipeline import check_job  # noqa: E402
 from raybricks.results import TRAINED  # noqa: E402
-from raybricks.segmented_model import SegmentModel  # noqa: E402
+from raybricks.segmented_model import SegmentModel, SegmentStore  # noqa: E402
 from raybricks.training import train_segments  # noqa: E402
 from raybricks.training.forecast.series import windows  # noqa: E402
 from tests.pretrained_models import BUILDERS, KINDS  # noqa: E402
@@ -154,6 +154,51 @@ def test_bad_settings_are_clear_errors_before_training(weights, tmp_path):
         check_job(missing, register=False)
 
 
+def promo_frame(seed: int = 4) -> pd.DataFrame:
+    rng = np.random.default_rng(seed)
+    frames = []
+    for s in range(3):
+        promo = (rng.random(100) < 0.3).astype(float)
+        frames.append(pd.DataFrame({"store": f"p{s}", "day": pd.date_range(
+            "2024-01-01", periods=100), "sales": 20 + 10 * promo + rng.normal(size=100),
+            "promo": promo}))
+    return pd.concat(frames, ignore_index=True)
+
+
+def test_chronos_2_forecasts_with_exogenous_columns_bolt_is_refused(weights, tmp_path):
+    data = promo_frame()
+    forecast = {"horizon": HORIZON, "frequency": "D", "exogenous": ["promo"]}
+    with pytest.raises((ConfigError, ValueError), match="not a Chronos-2 model"):
+        forecast_job(tmp_path, models=[{"name": "bolt", "kind": "chronos",
+                                        "params": {"model": str(weights["bolt"])}}],
+                     forecast=forecast)
+    spec = plan_for(data, tmp_path, models=FAST, forecast=forecast).forecast
+    kind = kind_of("chronos2", weights["chronos2"])
+    params = dict(kind.candidate.params)
+    frame = data[data.store == "p0"].rename(columns={"sales": "y", "day": "ds"})[
+        ["ds", "y", "promo"]].reset_index(drop=True)
+    origin = len(frame) - HORIZON
+    found = kind.backtest(params, frame, [origin], 0, 1, spec)
+    later = frame.assign(y=np.where(np.arange(len(frame)) >= origin, 1e6, frame.y))
+    np.testing.assert_allclose(kind.backtest(params, later, [origin], 0, 1, spec), found,
+                               rtol=1e-4, atol=1e-3)  # the target after the origin: unseen
+    flipped = frame.assign(promo=np.where(np.arange(len(frame)) >= origin, 1 - frame.promo,
+                                          frame.promo))
+    assert not np.allclose(kind.backtest(params, flipped, [origin], 0, 1, spec), found,
+                           rtol=1e-4, atol=1e-3)  # the known future promotions: read
+    # stored: the context and past promotions; the next periods' promotions come with rows
+    model = kind.fit_series(params, frame, 0, 1, spec)
+    assert "path" not in model and len(model["past"]["promo"]) == len(model["context"])
+    future = pd.DataFrame({"ds": pd.date_range(frame.ds.iloc[-1], periods=HORIZON + 1)[1:],
+                           "promo": [1.0, 0.0] * 3 + [1.0]})
+    meta = {"forecast": {"exogenous": ["promo"]}}
+    served = kinds.resolve("chronos").forecast_loaded(model, future, meta)
+    direct = kind.forecast_batch(kind.pipeline(weights["chronos2"], "cpu"), [
+        pretrained.Request(frame.y.to_numpy(), {"promo": frame.promo.to_numpy()},
+                           {"promo": future.promo.to_numpy()})], HORIZON, 64).points[0]
+    np.testing.assert_allclose(served, direct, rtol=1e-5, atol=1e-5)
+
+
 @pytest.fixture(scope="module")
 def trained(ray_on_spark, spark, weights, tmp_path_factory):
     """A job as users run it: the statistical, lag and pretrained candidates together,
@@ -187,6 +232,8 @@ def test_pretrained_candidates_are_backtested_and_stored_like_the_others(trained
         assert segments[f"{name}_mase"].notna().all()  # judged on the same windows
     members = result.models().to_pandas()
     stored = members[members.kind.isin(["chronos", "timesfm"])]
+    print("chosen:", segments.chosen.value_counts().to_dict())
+    assert len(stored) > 0  # some series blend a pretrained member (else nothing is tested)
     for _, row in stored.iterrows():
         model = pickle.loads(row.payload)
         meta = json.loads(row.meta)
@@ -237,12 +284,45 @@ def test_the_registered_model_carries_the_weights_once_and_answers_beyond_them(
     assert (first_week.hi_80 <= first_week.hi_95).all()
 
 
-def test_weights_kept_by_reference_are_checked_against_their_checksum(trained, weights):
-    _, result, _ = trained
+def test_scoring_forecasts_the_series_of_a_call_together_once_per_model(
+        trained, monkeypatch, tmp_path):
+    """Rows beyond the stored horizon of many series: one batched call per pretrained
+    model, not one per series; the same forecasts as each series alone."""
+    data, result, publication = trained
+    local = Path(mlflow.artifacts.download_artifacts(publication.model_uri, dst_path=str(
+        tmp_path)))
+    store = SegmentStore(local / "artifacts" / "segments")
+    last = data.groupby("store").day.max()
+    rows = pd.DataFrame([{"store": s, "day": last[s] + pd.Timedelta(days=step)}
+                         for s in sorted(last.index) for step in (2, HORIZON + 3)])
     members = result.models().to_pandas()
-    row = members[members.kind == "timesfm"].iloc[0]
-    model = pickle.loads(row.payload)
-    meta = json.loads(row.meta)
+    using = {kind: members[members.kind == kind].store.nunique()
+             for kind in ("chronos", "timesfm")}
+    calls = []
+    for cls in (pretrained.ChronosKind, pretrained.TimesFMKind):
+        original = cls.forecast_batch.__func__
+
+        def counted(klass, pipeline, requests, horizon, batch_size, original=original):
+            calls.append((klass.name, len(requests)))
+            return original(klass, pipeline, requests, horizon, batch_size)
+
+        monkeypatch.setattr(cls, "forecast_batch", classmethod(counted))
+    together = store.predict(rows).values.to_numpy()
+    models_used = members[members.kind.isin(["chronos", "timesfm"])].groupby(
+        "candidate").store.nunique()
+    assert sorted(n for _, n in calls) == sorted(models_used.tolist())  # one call a model
+    assert sum(using.values()) > 0
+    alone = np.concatenate([store.predict(rows[rows.store == s]).values.to_numpy()
+                            for s in sorted(last.index)])
+    np.testing.assert_allclose(together, alone, rtol=1e-5, atol=1e-5)
+
+
+def test_weights_kept_by_reference_are_checked_against_their_checksum(weights, tmp_path):
+    timesfm = kind_of("timesfm", weights["timesfm"], store="reference")
+    params = dict(timesfm.candidate.params)
+    spec = plan_for(stores(), tmp_path, models=FAST).forecast
+    model = timesfm.fit_series(params, pd.DataFrame({"y": noisy_series()[2]}), 0, 1, spec)
+    meta = {"forecast": {"exogenous": []}}
     future = pd.DataFrame({"ds": pd.date_range("2030-01-01", periods=2 * HORIZON)})
     kind = kinds.resolve("timesfm")
     ahead = kind.forecast_loaded(model, future, meta)  # beyond the path: the model runs

@@ -203,13 +203,11 @@ class SegmentModel:
         )
 
     def _member_predict(self, member: MemberModel, frame: pd.DataFrame,
-                        continued: np.ndarray | None, features: Features) -> np.ndarray:
+                        features: Features) -> np.ndarray:
         if not member.kind.uses_fallback:
             return member.predict(frame, features)
         if self.fallback is None:
             raise ValueError("a member uses the global model, which this model does not have")
-        if continued is not None:  # made with other series' (``continued_series``)
-            return continued
         if member.model is not None:  # a series' history, continued by the global model
             return member.kind.continue_series(member.model, self.fallback.members[0][0],
                                                features.of(member.meta), member.meta)
@@ -218,21 +216,24 @@ class SegmentModel:
             return raw
         return align_classes(raw, self.fallback.meta["classes"], self.meta["classes"])
 
-    def continued_member(self) -> MemberModel | None:
-        """Task forecast: the member whose series history the global model continues."""
-        return next((member for member, _ in self.members
+    def continued_member(self) -> int | None:
+        """Task forecast: the position of the member whose series history the global
+        model continues."""
+        return next((position for position, (member, _) in enumerate(self.members)
                      if member.kind.uses_fallback and member.model is not None), None)
 
-    def predict_raw(self, frame: pd.DataFrame, continued: np.ndarray | None = None,
+    def predict_raw(self, frame: pd.DataFrame, made: dict[int, np.ndarray] | None = None,
                     features: Features | None = None) -> np.ndarray:
-        """The members' weighted mean (``continued``: the global model's forecast of the
-        rows from this series' history, when made with other series'); a series' rows
-        of the periods its own forecast covers answered from it (``stored``)."""
-        features = features or Features(frame)
+        """The members' weighted mean (``made``: some members' predictions of the rows,
+        by position, made with other series' in bulk: ``SegmentStore.made_in_bulk``); a
+        series' rows of the periods its own forecast covers answered from it
+        (``stored``)."""
+        features, made = features or Features(frame), made or {}
         mean = self.stored(frame)
         if mean is None:
-            mean = self.blended(self._member_predict(member, frame, continued, features)
-                                for member, _ in self.members)
+            mean = self.blended(made[position] if position in made
+                                else self._member_predict(member, frame, features)
+                                for position, (member, _) in enumerate(self.members))
         if self.reconciliation is None:
             return mean
         return mean + self.reconciled_shift(frame, features)
@@ -285,19 +286,19 @@ class SegmentModel:
         return shift
 
     def predict_intervals(self, frame: pd.DataFrame, levels: list[float],
-                          continued: np.ndarray | None = None) -> np.ndarray:
+                          made: dict[int, np.ndarray] | None = None) -> np.ndarray:
         """Forecasts and their interval bounds: columns ``prediction`` and
         ``interval_columns(levels)`` (NaN where the series has no intervals)."""
         features = Features(frame)
-        point = self.predict_raw(frame, continued, features)
+        point = self.predict_raw(frame, made, features)
         bounds = kinds.forecasting.interval_bounds(point, features.of(self.meta), self.meta,
                                                    levels)
         return np.column_stack([point, bounds])
 
     def predict(self, frame: pd.DataFrame, probabilities: bool = False,
-                continued: np.ndarray | None = None) -> np.ndarray:
+                made: dict[int, np.ndarray] | None = None) -> np.ndarray:
         """Values for regression; class labels (or probabilities) for classification."""
-        raw = self.predict_raw(frame, continued)
+        raw = self.predict_raw(frame, made)
         if self.meta["task"] not in CLASSIFICATION or probabilities:
             return raw
         classes = np.asarray(self.meta["classes"], dtype=object)
@@ -607,7 +608,7 @@ class SegmentStore:
         forecasts = bool(self.manifest.get("forecast"))  # a series needs its own history
         segments = [(key, order[cuts[position]:cuts[position + 1]])
                     for position, key in enumerate(keys)]
-        continued = self.continued_series(segments, models, frame) if forecasts else {}
+        made = self.made_in_bulk(segments, models, frame) if forecasts else {}
         for position, (key, rows) in enumerate(segments):
             status[rows] = statuses[position] or "unknown"
             model = models.get(key) or (None if forecasts
@@ -615,7 +616,7 @@ class SegmentStore:
             if model is None:
                 unscored += len(rows)
                 continue
-            outputs.put(rows, model, rows_of(frame, rows), continued.get(key))
+            outputs.put(rows, model, rows_of(frame, rows), made.get(key))
         if unscored:
             warnings.warn(
                 f"{unscored} row(s) of segments without a model (unknown, skipped or failed "
@@ -627,33 +628,77 @@ class SegmentStore:
         return Prediction(outputs.result(), status)
 
 
-    def continued_series(self, segments: list[tuple[tuple, np.ndarray]],
-                         models: dict[tuple, SegmentModel], frame: pd.DataFrame
-                         ) -> dict[tuple, np.ndarray]:
-        """Task forecast: the global model's forecasts of the rows of every series that
-        continues it (``segments``: each key and its rows; a series answered from its
-        stored forecast needs none), made for all of them at once
-        (``GlobalKind.continue_many_series``); empty when fewer than two series do or
-        the batch fails (each series then continues alone, and reports its error)."""
-        by_global: dict[int, list] = {}  # per global model, the series it continues
-        for key, rows in segments:
-            member = models[key].continued_member() if key in models else None
-            if (member is not None and models[key].fallback is not None
-                    and models[key].stored(rows_of(frame, rows)) is None):
-                features = prepare_features(frame.iloc[rows], member.meta)
-                by_global.setdefault(id(models[key].fallback), []).append(
-                    (key, member, models[key].fallback, (member.model, features, member.meta)))
-        found = {}
-        for wanted in by_global.values():
-            if len(wanted) < 2:
+    def made_in_bulk(self, segments: list[tuple[tuple, np.ndarray]],
+                     models: dict[tuple, SegmentModel], frame: pd.DataFrame
+                     ) -> dict[tuple, dict[int, np.ndarray]]:
+        """Task forecast: members' forecasts of the rows of many series made at once, per
+        series and member position (``segments``: each key and its rows; a series
+        answered from its stored forecast needs none): the global model continuing
+        every series that chose it (``GlobalKind.continue_many_series``) and the members
+        whose kind forecasts many stored series at once (``forecast_many``: pretrained
+        models, in batches). A batch that fails is left out: each series then forecasts
+        alone, and reports its error."""
+        waiting = [(key, models[key], rows_of(frame, rows)) for key, rows in segments
+                   if key in models]
+        waiting = [(key, model, rows) for key, model, rows in waiting
+                   if model.stored(rows) is None]
+        found: dict[tuple, dict[int, np.ndarray]] = {}
+        for key, position, values in [*continued_series(waiting), *forecast_many(waiting)]:
+            found.setdefault(key, {})[position] = values
+        return found
+
+
+def continued_series(waiting: list[tuple[tuple, SegmentModel, pd.DataFrame]]
+                     ) -> list[tuple[tuple, int, np.ndarray]]:
+    """The global model's forecasts of the rows of every waiting series that continues
+    it, made for all of them at once (none where fewer than two series do)."""
+    by_global: dict[int, list] = {}  # per global model, the series it continues
+    for key, model, rows in waiting:
+        position = model.continued_member()
+        if position is not None and model.fallback is not None:
+            member = model.members[position][0]
+            features = prepare_features(rows, member.meta)
+            by_global.setdefault(id(model.fallback), []).append(
+                (key, position, member, model.fallback, (member.model, features, member.meta)))
+    found = []
+    for wanted in by_global.values():
+        if len(wanted) < 2:
+            continue
+        try:
+            made = wanted[0][2].kind.continue_many_series(
+                [request for *_, request in wanted], wanted[0][3].members[0][0])
+        except Exception:  # noqa: BLE001 - each series alone says what is wrong
+            continue
+        found += [(key, position, values)
+                  for (key, position, *_), values in zip(wanted, made, strict=True)]
+    return found
+
+
+def forecast_many(waiting: list[tuple[tuple, SegmentModel, pd.DataFrame]]
+                  ) -> list[tuple[tuple, int, np.ndarray]]:
+    """The forecasts of the rows of every waiting series' members whose kind forecasts
+    many stored series at once (``ForecastKind.forecast_many``), per kind in one call."""
+    by_kind: dict[type, list] = {}
+    for key, model, rows in waiting:
+        for position, (member, _) in enumerate(model.members):
+            if not getattr(member.kind, "forecasts_many", False):
                 continue
             try:
-                made = wanted[0][1].kind.continue_many_series(
-                    [request for *_, request in wanted], wanted[0][2].members[0][0])
-            except Exception:  # noqa: BLE001 - each series alone says what is wrong
+                steps, future = kinds.forecasting.future_of(
+                    prepare_features(rows, member.meta), member.meta)
+            except Exception:  # noqa: BLE001 - the member alone says what is wrong
                 continue
-            found |= {key: values for (key, *_), values in zip(wanted, made, strict=True)}
-        return found
+            if future is not None:
+                by_kind.setdefault(member.kind, []).append((key, position, member, future, steps))
+    found = []
+    for kind, wanted in by_kind.items():
+        try:
+            paths = kind.forecast_many([(m.model, future, m.meta) for _, _, m, future, _ in wanted])
+        except Exception:  # noqa: BLE001 - each series alone says what is wrong
+            continue
+        found += [(key, position, kinds.forecasting.placed(path, steps))
+                  for (key, position, _, _, steps), path in zip(wanted, paths, strict=True)]
+    return found
 
 
 def rows_of(frame: pd.DataFrame, rows: np.ndarray) -> pd.DataFrame:
@@ -705,12 +750,11 @@ class Outputs:
                                   if self.classify else "float64")
 
     def put(self, rows: np.ndarray, model: SegmentModel, frame: pd.DataFrame,
-            continued: np.ndarray | None = None) -> None:
+            made: dict[int, np.ndarray] | None = None) -> None:
         if self.levels:
-            self.values[rows] = model.predict_intervals(frame, self.levels, continued)
+            self.values[rows] = model.predict_intervals(frame, self.levels, made)
             return
-        predicted = model.predict(frame, probabilities=self.probabilities,
-                                  continued=continued)
+        predicted = model.predict(frame, probabilities=self.probabilities, made=made)
         if not self.probabilities:
             self.values[rows] = predicted
             return

@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass
 from datetime import date
 from functools import lru_cache
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import pandas as pd
@@ -223,6 +223,16 @@ class ForecastKind(StoredKind):
         """A loaded model's forecast for the next ``len(future)`` periods (``future``:
         their ``ds`` and exogenous values)."""
         raise NotImplementedError
+
+    #: Whether ``forecast_many`` forecasts many stored series at once (the registered
+    #: model then asks it for every series of a scoring call together).
+    forecasts_many: ClassVar[bool] = False
+
+    @classmethod
+    def forecast_many(cls, requests: list[tuple[Any, pd.DataFrame, dict[str, Any]]]
+                      ) -> list[np.ndarray]:
+        """``forecast_loaded`` of many series (each: loaded model, future, meta) at once."""
+        return [cls.forecast_loaded(*request) for request in requests]
 
     # -- the training half
 

@@ -213,22 +213,49 @@ class PretrainedKind(ForecastKind):
 
     # -- the stored half
 
+    forecasts_many = True
+
     @classmethod
     def forecast_loaded(cls, model: dict[str, Any], future: pd.DataFrame,
                         meta: dict[str, Any]) -> np.ndarray:
-        """The stored forecast where it covers ``future`` (without exogenous values),
-        else the model's forecast from the stored context."""
-        horizon, exogenous = len(future), meta["forecast"]["exogenous"]
-        path = model.get("path")
-        if not exogenous and path is not None and horizon <= len(path):
-            return np.asarray(path[:horizon], dtype="float64")
-        settings = model["settings"]
-        pipeline = cls.pipeline(located(model["weights"]), settings["device"])
-        request = Request(np.asarray(model["context"], dtype="float64"), model.get("past"),
-                          {c: future[c].to_numpy(dtype="float64") for c in exogenous}
-                          if exogenous else None)
-        return cls.forecast_batch(pipeline, [request], horizon,
-                                  settings["batch_size"]).points[0]
+        return cls.forecast_many([(model, future, meta)])[0]
+
+    @classmethod
+    def forecast_many(cls, requests: list[tuple[dict[str, Any], pd.DataFrame, dict[str, Any]]]
+                      ) -> list[np.ndarray]:
+        """Each series' stored forecast where it covers its future (without exogenous
+        values); the others forecast from their stored contexts, in batches, one call per
+        model (weights and settings) for the longest future asked, each cut to its own
+        (with exogenous values, per length of future)."""
+        found: list[np.ndarray | None] = [None] * len(requests)
+        waiting: dict[tuple, list[int]] = {}
+        for position, (model, future, meta) in enumerate(requests):
+            path = model.get("path")
+            if not meta["forecast"]["exogenous"] and path is not None and len(
+                    future) <= len(path):
+                found[position] = np.asarray(path[:len(future)], dtype="float64")
+            else:
+                settings = model["settings"]  # exogenous values: one length a batch
+                waiting.setdefault((model["weights"]["sha256"], settings["batch_size"],
+                                    settings["device"],
+                                    len(future) if meta["forecast"]["exogenous"] else 0),
+                                   []).append(position)
+        for (_, batch_size, device, _), positions in waiting.items():
+            model = requests[positions[0]][0]
+            pipeline = cls.pipeline(located(model["weights"]), device)
+            horizon = max(len(requests[p][1]) for p in positions)
+            asked = []
+            for p in positions:
+                stored, future, meta = requests[p]
+                exogenous = meta["forecast"]["exogenous"]
+                asked.append(Request(
+                    np.asarray(stored["context"], dtype="float64"), stored.get("past"),
+                    {c: future[c].to_numpy(dtype="float64") for c in exogenous}
+                    if exogenous else None))
+            points = cls.forecast_batch(pipeline, asked, horizon, batch_size).points
+            for row, p in enumerate(positions):
+                found[p] = points[row, :len(requests[p][1])]
+        return found
 
     # -- the training half
 
