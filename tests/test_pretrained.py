@@ -29,6 +29,7 @@ from raybricks.kinds import pretrained  # noqa: E402
 from raybricks.kinds.forecasting import conformal_offsets, interval_neighbours  # noqa: E402
 from raybricks.pipeline import check_job  # noqa: E402
 from raybricks.results import TRAINED  # noqa: E402
+from raybricks.scoring import forecast  # noqa: E402
 from raybricks.segmented_model import SegmentModel, SegmentStore  # noqa: E402
 from raybricks.training import train_segments  # noqa: E402
 from raybricks.training.forecast.series import windows  # noqa: E402
@@ -282,6 +283,22 @@ def test_the_registered_model_carries_the_weights_once_and_answers_beyond_them(
                         .to_numpy()]
     assert (first_week.lo_95 <= first_week.lo_80).all()
     assert (first_week.hi_80 <= first_week.hi_95).all()
+
+
+def test_forecast_command_and_spark_udf_answer_the_same_two_weeks(trained, spark, tmp_path):
+    """``raybricks forecast`` beyond the stored week (the models forecast it in the Spark
+    tasks) and MLflow's own ``spark_udf`` give the same forecasts."""
+    data = trained[0]
+    output, uri = str(tmp_path / "forecasts"), "models:/tests.pretrained.model@champion"
+    forecast(uri, output, horizon=2 * HORIZON, spark=spark)
+    written = spark.read.parquet(output)
+    udf = mlflow.pyfunc.spark_udf(spark, uri, result_type="double", env_manager="local")
+    by_udf = written.withColumn("udf", udf("store", "day")).select(
+        "store", "prediction", "udf").toPandas()
+    assert len(by_udf) == 2 * HORIZON * data.store.nunique()
+    assert by_udf.prediction.notna().all()
+    np.testing.assert_allclose(by_udf.udf.to_numpy(), by_udf.prediction.to_numpy(),
+                               rtol=1e-5, atol=1e-5)
 
 
 def test_scoring_forecasts_the_series_of_a_call_together_once_per_model(
