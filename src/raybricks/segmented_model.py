@@ -267,7 +267,7 @@ class SegmentModel:
         def forecast(member: MemberModel) -> np.ndarray:
             if member.kind.uses_fallback:
                 rows = pd.DataFrame({member.meta["features"][0]: times})
-                return self._member_predict(member, rows, None, Features(rows))
+                return self._member_predict(member, rows, Features(rows))
             raw = member.kind.forecast_loaded(member.model, future, member.meta)
             return np.asarray(raw, dtype="float64").reshape(-1)
 
