@@ -80,6 +80,17 @@ def test_a_batch_answers_as_one_series_at_a_time(weights, name):
     assert np.isfinite(together.points).all()
 
 
+def test_a_task_forecasts_on_its_own_cpus(weights):
+    """torch's threads are the task's CPUs (``plan.threads``), set for each batch."""
+    import torch
+
+    kind = kind_of("bolt", weights["bolt"])
+    requests = [pretrained.Request(values) for values in noisy_series(3)]
+    for threads in (1, 2):
+        kind.made(dict(kind.candidate.params), requests, HORIZON, threads)
+        assert torch.get_num_threads() == threads
+
+
 @pytest.mark.parametrize("name", list(BUILDERS))
 def test_backtest_windows_see_nothing_after_their_origin(weights, name, tmp_path):
     kind = kind_of(name, weights[name], context_length=64)
