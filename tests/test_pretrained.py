@@ -449,3 +449,28 @@ def test_a_gpu_candidate_forecasts_on_the_gpu_its_task_holds(weights, tmp_path):
     # one load per process (on the device its tasks use), not per series or block
     processes = [f["candidate"] for f in in_tasks]
     assert len(processes) == len(set(processes))
+
+
+def test_a_merged_version_carries_the_weights_its_series_need(trained, weights, tmp_path):
+    """``registry.promote: merge`` (after the other tests: it moves the champion): the
+    merged version carries the copied weights, and answers as the version before."""
+    data, result, first = trained
+    config = forecast_job(tmp_path, models=[{"name": "ets", "kind": "statsforecast",
+                                             "estimator": "AutoETS"}],
+                          registry={"name": "tests.pretrained.model", "promote": "merge"},
+                          forecast={"horizon": HORIZON, "frequency": "D",
+                                    "intervals": [80, 95]})
+    merged = tracking.publish(result, config)
+    assert merged.champion_version not in (None, first.version)
+    uri = f"models:/tests.pretrained.model/{merged.champion_version}"
+    local = Path(mlflow.artifacts.download_artifacts(uri, dst_path=str(tmp_path / "m")))
+    carried = sorted(p.name for p in (local / "artifacts" / "segments" / "pretrained")
+                     .iterdir())
+    assert carried == sorted(pretrained.folder_digest(weights[n]) for n in ("bolt", "chronos2"))
+    last = data.groupby("store").day.max()
+    rows = pd.DataFrame([{"store": s, "day": last[s] + pd.Timedelta(days=step)}
+                         for s in sorted(last.index) for step in (1, HORIZON + 2)])
+    before = mlflow.pyfunc.load_model(f"models:/tests.pretrained.model/{first.version}")
+    after = mlflow.pyfunc.load_model(uri)
+    np.testing.assert_allclose(after.predict(rows).to_numpy(),
+                               before.predict(rows).to_numpy(), rtol=1e-9)
