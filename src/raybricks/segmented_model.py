@@ -222,6 +222,13 @@ class SegmentModel:
         return next((position for position, (member, _) in enumerate(self.members)
                      if member.kind.uses_fallback and member.model is not None), None)
 
+    def made_in_bulk(self) -> bool:
+        """Whether a member's forecasts are made with other series' (``SegmentStore.
+        made_in_bulk``): one the global model continues, or one whose kind forecasts many
+        stored series at once."""
+        return (self.continued_member() is not None and self.fallback is not None) or any(
+            getattr(member.kind, "forecasts_many", False) for member, _ in self.members)
+
     def predict_raw(self, frame: pd.DataFrame, made: dict[int, np.ndarray] | None = None,
                     features: Features | None = None) -> np.ndarray:
         """The members' weighted mean (``made``: some members' predictions of the rows,
@@ -639,7 +646,7 @@ class SegmentStore:
         models, in batches). A batch that fails is left out: each series then forecasts
         alone, and reports its error."""
         waiting = [(key, models[key], rows_of(frame, rows)) for key, rows in segments
-                   if key in models]
+                   if key in models and models[key].made_in_bulk()]
         waiting = [(key, model, rows) for key, model, rows in waiting
                    if model.stored(rows) is None]
         found: dict[tuple, dict[int, np.ndarray]] = {}

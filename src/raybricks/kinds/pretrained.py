@@ -47,6 +47,8 @@ CARRIED: dict[str, Path] = {}
 #: Loaded pipelines, one per (kind, weights folder, device) in this process.
 _LOADED: dict[tuple[str, str, str], Any] = {}
 _DIGESTS: dict[tuple, str] = {}
+#: Hugging Face ids resolved to their downloaded folder in this process (asked once).
+_DOWNLOADED: dict[str, Path] = {}
 _LOCK = threading.Lock()
 
 
@@ -56,7 +58,8 @@ _LOCK = threading.Lock()
 def weights_folder(source: str) -> Path:
     """A local folder holding the weights ``source`` names: a folder as it is
     (``dbfs:/...`` read through ``/dbfs``), else a Hugging Face id, downloaded once per
-    machine into the Hugging Face cache (``huggingface_hub.snapshot_download``)."""
+    machine into the Hugging Face cache (``huggingface_hub.snapshot_download``) and
+    remembered by the process."""
     path = Path("/dbfs" + source[len("dbfs:"):]) if source.startswith("dbfs:/") else Path(
         os.path.expanduser(source))
     if path.is_dir():
@@ -67,9 +70,11 @@ def weights_folder(source: str) -> Path:
             "(owner/name): give a folder holding the model's files (a Unity Catalog "
             "Volume such as /Volumes/main/models/chronos-bolt-small) or a hub id such as "
             "amazon/chronos-bolt-small")
-    from huggingface_hub import snapshot_download
+    if source not in _DOWNLOADED:  # the hub is asked once per process, not per block
+        from huggingface_hub import snapshot_download
 
-    return Path(snapshot_download(source))
+        _DOWNLOADED[source] = Path(snapshot_download(source))
+    return _DOWNLOADED[source]
 
 
 def folder_digest(folder: Path) -> str:
@@ -319,9 +324,9 @@ class PretrainedKind(ForecastKind):
         """Where this candidate's weights come from: their source and SHA-256 (what the
         run records and each member refers to) and how the registered model keeps them."""
         settings = self.settings(dict(self.candidate.params))
-        folder = weights_folder(settings["model"])
-        return {"source": str(settings["model"]), "sha256": folder_digest(folder),
-                "store": settings["store"], "folder": str(folder)}
+        return {"source": str(settings["model"]),
+                "sha256": folder_digest(weights_folder(settings["model"])),
+                "store": settings["store"]}
 
     def warm_up(self) -> None:
         settings = self.settings(dict(self.candidate.params))
@@ -432,7 +437,7 @@ class ChronosKind(PretrainedKind):
 
     @classmethod
     def takes_covariates(cls, pipeline: Any) -> bool:
-        return type(pipeline).__name__ == "Chronos2Pipeline"
+        return is_chronos_2(pipeline)
 
     @classmethod
     def check_forecast_config(cls, candidate, forecast) -> None:
@@ -455,7 +460,7 @@ class ChronosKind(PretrainedKind):
         points, quantiles = [], []
         for start in range(0, len(requests), batch_size):
             batch = requests[start:start + batch_size]
-            if type(pipeline).__name__ == "Chronos2Pipeline":
+            if is_chronos_2(pipeline):
                 inputs = [{"target": r.context, "past_covariates": r.past,
                            "future_covariates": r.future} if r.future else r.context
                           for r in batch]
@@ -471,6 +476,12 @@ class ChronosKind(PretrainedKind):
             points.append(mean.float().cpu().numpy())
             quantiles.append(found.float().cpu().numpy())
         return Forecasts(np.concatenate(points), np.concatenate(quantiles), levels)
+
+
+def is_chronos_2(pipeline: Any) -> bool:
+    """Whether a loaded Chronos pipeline is Chronos-2's (which takes covariates and
+    dicts of inputs), not Chronos-Bolt's."""
+    return type(pipeline).__name__ == "Chronos2Pipeline"
 
 
 class TimesFMKind(PretrainedKind):

@@ -137,7 +137,7 @@ def pretrained_weights(plan: Plan) -> dict[str, dict[str, str]]:
     for candidate in plan.candidates:
         kind = kinds.forecaster(candidate)
         if isinstance(kind, PretrainedKind):
-            found[candidate.name] = {k: v for k, v in kind.weights().items() if k != "folder"}
+            found[candidate.name] = kind.weights()
     return found
 
 
