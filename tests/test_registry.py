@@ -504,6 +504,12 @@ def test_tracking_defaults_local_sqlite_databricks_and_env(monkeypatch, tmp_path
             mlflow.log_dict({"a": 1}, "a.json")
         assert (tmp_path / "mlflow.db").exists()
         assert list((tmp_path / "mlruns").rglob("a.json"))  # artifacts in ./mlruns
+        # another tracking store later in the process (a notebook's next job): its
+        # registry follows it, though MLflow copied the first one into the environment
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/moved.db")
+        moved = tracking.configure_tracking()
+        assert moved.registry_uri == mlflow.get_registry_uri() == \
+            f"sqlite:///{tmp_path}/moved.db"
         for name in ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI"):  # mlflow sets them too
             monkeypatch.delenv(name, raising=False)
         monkeypatch.setenv("DATABRICKS_RUNTIME_VERSION", "15.4")

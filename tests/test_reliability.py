@@ -563,3 +563,21 @@ def test_100k_tiny_segments_are_each_accounted_once(ray_on_spark, spark, tmp_pat
     assert result.counts() == {"trained": int((sizes == 3).sum()),
                                "skipped": int((sizes == 2).sum()), "failed": 0}
     assert pipeline.reconcile(result, segment_sizes(df, ["store"]).segments)["duplicates"] == 0
+
+
+def test_a_tracking_store_that_cannot_be_opened_is_refused_before_training(
+        spark, tmp_path, monkeypatch):
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("a file where the store's folder should be")
+    shops = table(spark, "shops_store", helpers.shops().drop(columns="day"))
+    config = job(tmp_path, time_column=None, source={"table": shops},
+                 registry={"name": "tests.reliability.store"},
+                 training={"output_dir": str(tmp_path / "runs"), "progress": False})
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{blocker}/mlflow.db")
+    with pytest.raises(ConfigError) as error:
+        pipeline.train(config, spark)
+    message = str(error.value)
+    assert f"sqlite:///{blocker}/mlflow.db cannot be opened" in message
+    assert "nothing was trained" in message and "MLFLOW_TRACKING_URI" in message
+    runs = tmp_path / "runs"
+    assert not runs.exists() or not list(runs.rglob("part-*"))  # no segment trained

@@ -343,6 +343,7 @@ def train(
           console.logging_to(log_file)):
         with stage("checks", timings, "checks: config, estimators, registry name"):
             check_job(config, register=register)
+        tracking_ready = opening_tracking() if register else None
         spark = console.spark_session(spark, config.spark, timings)
         if config.training.executor == "ray":  # before it reads or starts Ray
             require_spark_context(spark, "training.executor: ray (Ray on Spark)",
@@ -357,6 +358,8 @@ def train(
                 df = hierarchy.with_aggregates(df, config)
                 config = hierarchy.trained_config(config)
                 num_rows = df.count()
+        if tracking_ready is not None:  # its errors before any segment trains
+            tracking_opened(tracking_ready)
         given = None
         if config.source.segments is not None and config.fallback == "global":
             with stage("champion", timings, "champion: its global model, kept or refitted"):
@@ -399,6 +402,35 @@ def train(
         seconds = clock.seconds()
     return TrainingReport(result, publication, clock.timings(seconds), accounting, forecasts,
                           seconds)
+
+
+def opening_tracking() -> Future[object]:
+    """MLflow's store opened (``tracking.configure_tracking``: on a new local store, its
+    tables created) in a thread, beside Spark's start and the source's checks, where the
+    driver mostly waits for Spark's JVM."""
+    from raybricks import tracking
+
+    opening = ThreadPoolExecutor(1, thread_name_prefix="raybricks-tracking")
+    ready = opening.submit(tracking.configure_tracking)
+    opening.shutdown(wait=False)
+    return ready
+
+
+def tracking_opened(ready: Future[object]) -> None:
+    """Wait for ``opening_tracking``; a store that cannot be opened is refused before
+    training, naming the store and the fix."""
+    from raybricks import tracking
+
+    try:
+        ready.result()
+    except Exception as exc:
+        uri = tracking.tracking_target().tracking_uri
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise ConfigError(
+            f"MLflow's tracking store {uri} cannot be opened ({type(exc).__name__}: "
+            f"{first}): nothing was trained. Point MLFLOW_TRACKING_URI at a store this "
+            "process can write (unset: ./mlflow.db), or train with register=False"
+        ) from exc
 
 
 def choose_executor(config: JobConfig, spark: SparkSession, num_rows: int,

@@ -26,6 +26,12 @@ class TrackingTarget:
     artifact_location: str | None  # for new experiments (local default only)
 
 
+#: The registry URI raybricks derived from the tracking URI and set; MLflow copies it into
+#: MLFLOW_REGISTRY_URI, where it is not the user's choice (a later tracking URI derives
+#: its own).
+_DERIVED_REGISTRY: dict[str, str] = {}
+
+
 def configure_tracking() -> TrackingTarget:
     """Point MLflow at ``tracking_target()`` (creating a local SQLite store's tables)."""
     import mlflow
@@ -34,6 +40,8 @@ def configure_tracking() -> TrackingTarget:
     os.environ.setdefault("MLFLOW_LOG_UV_FILES", "false")
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     target = tracking_target()
+    if not users_registry():
+        _DERIVED_REGISTRY["uri"] = target.registry_uri
     mlflow.set_tracking_uri(target.tracking_uri)
     mlflow.set_registry_uri(target.registry_uri)
     for uri in dict.fromkeys((target.tracking_uri, target.registry_uri)):
@@ -54,10 +62,17 @@ def tracking_target() -> TrackingTarget:
     else:
         tracking = f"sqlite:///{Path('mlflow.db').resolve()}"
         artifacts = Path("mlruns").resolve().as_uri()
-    registry = os.environ.get("MLFLOW_REGISTRY_URI") or (
+    registry = users_registry() or (
         "databricks-uc" if tracking == "databricks" else tracking
     )
     return TrackingTarget(tracking, registry, artifacts)
+
+
+def users_registry() -> str | None:
+    """MLFLOW_REGISTRY_URI where the user set it (not where MLflow copied the registry
+    raybricks derived)."""
+    registry = os.environ.get("MLFLOW_REGISTRY_URI")
+    return registry if registry and registry != _DERIVED_REGISTRY.get("uri") else None
 
 
 def create_sqlite_store(uri: str) -> None:
