@@ -71,7 +71,7 @@ from raybricks.databricks import (
     in_databricks_runtime,
     unstable_workers,
 )
-from raybricks.errors import DataError
+from raybricks.errors import DataError, first_line
 from raybricks.segmented_model import KeyIndex, key_tuples
 from raybricks.sources import read_source
 
@@ -188,7 +188,7 @@ def select_and_filter(
         except AnalysisException as exc:
             raise DataError(
                 f"where={where!r} is not a valid predicate on this table "
-                f"({_first_line(exc)}); columns are {df.columns}"
+                f"({first_line(exc)}); columns are {df.columns}"
             ) from exc
     return df.select(*[available[c.lower()] for c in wanted])
 
@@ -555,7 +555,7 @@ def _blocks_via_chunks(df, segment_by, max_block_rows, chunk_bytes: int, readers
             schema = unify_schemas([schema, more_schema])
     except ray.exceptions.RayError as exc:
         raise DataError(
-            f"reading Spark's Arrow chunks into Ray failed ({_first_line(exc)}); chunks live "
+            f"reading Spark's Arrow chunks into Ray failed ({first_line(exc)}); chunks live "
             "on the executors and are lost with one (autoscaling, spot instances): use "
             "data.strategy='parquet' there"
         ) from exc
@@ -782,6 +782,3 @@ def no_rows(where: str | None) -> DataError:
     what = f"the filter where={where!r} matched no rows" if where else "the table is empty"
     return DataError(f"nothing to train on: {what}; check the source and the predicate")
 
-
-def _first_line(exc: BaseException) -> str:
-    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from raybricks.errors import ConfigError, SetupError, WorkspaceError
+from raybricks.errors import ConfigError, SetupError, WorkspaceError, first_line
 
 if TYPE_CHECKING:
     from databricks.sdk import WorkspaceClient
@@ -166,7 +166,7 @@ def workspace_client(
         )
     except ValueError as exc:
         raise SetupError(
-            f"no usable Databricks credentials ({_first_line(exc).split(', please check')[0]}): "
+            f"no usable Databricks credentials ({first_line(exc).split(', please check')[0]}): "
             f"{CREDENTIALS_HELP}"
         ) from None
     return WorkspaceClient(config=config)
@@ -180,10 +180,6 @@ def _version() -> str:
     except PackageNotFoundError:
         return "0.0.0"
 
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def _timeout_of(client: WorkspaceClient) -> float:
@@ -200,25 +196,25 @@ def api_errors(action: str, client: WorkspaceClient) -> Iterator[None]:
         yield
     except Unauthenticated as exc:
         raise SetupError(
-            f"{action}: {host} rejected the credentials (HTTP 401: {_first_line(exc)}); "
+            f"{action}: {host} rejected the credentials (HTTP 401: {first_line(exc)}); "
             f"check or renew them: {CREDENTIALS_HELP}"
         ) from None
     except PermissionDenied as exc:
         raise WorkspaceError(
-            f"{action}: permission denied on {host} ({_first_line(exc)}); ask a workspace "
+            f"{action}: permission denied on {host} ({first_line(exc)}); ask a workspace "
             "admin for the permission, or authenticate as an identity that has it"
         ) from None
     except NotFound as exc:
-        raise WorkspaceError(f"{action}: not found on {host} ({_first_line(exc)})") from None
+        raise WorkspaceError(f"{action}: not found on {host} ({first_line(exc)})") from None
     except TimeoutError as exc:
-        cause = _first_line(exc.__cause__) if exc.__cause__ else "no answer"
+        cause = first_line(exc.__cause__) if exc.__cause__ else "no answer"
         raise WorkspaceError(
             f"{action}: {host} did not answer within {_timeout_of(client):g} s ({cause}); "
             f"check DATABRICKS_HOST and the network, or allow more time with {TIMEOUT_ENV}"
         ) from None
     except DatabricksError as exc:
         code = f"{exc.error_code}: " if exc.error_code else ""
-        raise WorkspaceError(f"{action} failed on {host}: {code}{_first_line(exc)}") from None
+        raise WorkspaceError(f"{action} failed on {host}: {code}{first_line(exc)}") from None
 
 
 # --------------------------------------------------------------------------- cluster sizing

@@ -7,6 +7,13 @@ def key_text(row, columns: list[str]) -> str:
     return ", ".join(f"{c}={row[c]!r}" for c in columns)
 
 
+def first_line(exc: BaseException) -> str:
+    """The first line of ``exc``'s message, for a message of one line (its type's name
+    when it says nothing)."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
 class RaybricksError(Exception):
     """Base class of every error raybricks raises deliberately."""
 

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import unquote, urlparse
 
-from raybricks.errors import DataError
+from raybricks.errors import DataError, first_line
 from raybricks.session import is_spark_connect
 
 if TYPE_CHECKING:
@@ -91,7 +91,7 @@ def nanos_as_long(spark: SparkSession) -> Iterator[str | None]:
     try:
         spark.conf.set(NANOS_AS_LONG, "true")
     except Exception as exc:  # noqa: BLE001 - a session that allows no legacy setting
-        yield _first_line(exc)
+        yield first_line(exc)
         return
     try:
         yield None
@@ -203,7 +203,7 @@ def _find_nanos(frame: DataFrame, files: Iterable[str],
             kinds = footer(file, sorted(wanted))
         except Exception as exc:  # noqa: BLE001 - not Parquet, unreadable: another one
             log.warning("could not read the Parquet footer of %s: %s", file,
-                        _first_line(exc))
+                        first_line(exc))
             return
         found.update({name: utc for name, utc in kinds.items() if utc is not None})
         wanted -= set(kinds)
@@ -232,7 +232,7 @@ def _footer_with(frame: DataFrame, name: str, read_footer: Callable[[str], None]
         first = (frame.where(F.col(quoted(name)).isNotNull())
                  .select(F.col("_metadata.file_path")).limit(1).collect())
     except Exception as exc:  # noqa: BLE001 - no metadata column: left as it is
-        log.warning("could not find a file holding column %s: %s", name, _first_line(exc))
+        log.warning("could not find a file holding column %s: %s", name, first_line(exc))
         return
     if first:
         read_footer(first[0][0])
@@ -393,7 +393,7 @@ def _merge_conflict(reader: DataFrameReader, path: str | list[str], text: str) -
     where = f"the parquet files at {path!r} disagree on the type of "
     if not differ:
         return DataError(f"{where}a column, which mergeSchema cannot merge "
-                         f"({_first_line(Exception(text))}). Compare the files' schemas "
+                         f"({first_line(Exception(text))}). Compare the files' schemas "
                          "(e.g. pyarrow.parquet.read_schema) and rewrite the odd ones")
     said = ", ".join(f"{name} ({a} in some, {b} in others)" for name, (a, b) in differ.items())
     ddl = ", ".join(f"{quoted(name)} {a}" for name, (a, _) in differ.items())
@@ -442,7 +442,3 @@ def _field(text: str) -> tuple[str, str]:
     name, _, kind = text.partition(": ")
     return name, kind.strip()
 
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__

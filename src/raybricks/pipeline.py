@@ -29,7 +29,14 @@ from raybricks.data import (
     select_and_filter,
     to_ray_dataset,
 )
-from raybricks.errors import ConfigError, DataError, RaybricksError, SourceNotFound, key_text
+from raybricks.errors import (
+    ConfigError,
+    DataError,
+    RaybricksError,
+    SourceNotFound,
+    first_line,
+    key_text,
+)
 from raybricks.files import SegmentFiles, is_template
 from raybricks.kinds.forecasting import ForecastSpec
 from raybricks.results import release_memory
@@ -425,12 +432,16 @@ def tracking_opened(ready: Future[object]) -> None:
         ready.result()
     except Exception as exc:
         uri = tracking.tracking_target().tracking_uri
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         raise ConfigError(
-            f"MLflow's tracking store {uri} cannot be opened ({type(exc).__name__}: "
-            f"{first}): nothing was trained. Point MLFLOW_TRACKING_URI at a store this "
-            "process can write (unset: ./mlflow.db), or train with register=False"
+            f"MLflow's tracking store {uri} cannot be opened ({failure(exc)}): nothing "
+            "was trained. Point MLFLOW_TRACKING_URI at a store this process can write "
+            "(unset: ./mlflow.db), or train with register=False"
         ) from exc
+
+
+def failure(exc: BaseException) -> str:
+    """``Type: the first line of its message`` (nothing after the colon without one)."""
+    return f"{type(exc).__name__}: {first_line(exc) if str(exc).strip() else ''}"
 
 
 def choose_executor(config: JobConfig, spark: SparkSession, num_rows: int,
@@ -648,10 +659,9 @@ def publish(result: TrainingResult, config: JobConfig, timings: dict[str, float]
     except tracking.RegistryError:
         raise  # already says what to retry (register_run with the MLflow run)
     except Exception as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         raise tracking.RegistryError(
-            f"publishing run {result.run_id} to MLflow failed ({type(exc).__name__}: "
-            f"{first}); nothing was registered and no alias moved. The training results "
+            f"publishing run {result.run_id} to MLflow failed ({failure(exc)}); nothing "
+            "was registered and no alias moved. The training results "
             f"are kept in {result.run_dir}: once MLflow is reachable, rerun with --set "
             f"training.resume=true --set training.run_id={result.run_id} to publish them "
             "without training again"

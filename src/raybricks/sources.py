@@ -13,7 +13,7 @@ import re
 from typing import TYPE_CHECKING
 
 from raybricks.config import SourceConfig
-from raybricks.errors import DataError, RaybricksError, SourceNotFound
+from raybricks.errors import DataError, RaybricksError, SourceNotFound, first_line
 from raybricks.files import SegmentFiles, is_template
 
 if TYPE_CHECKING:
@@ -56,7 +56,7 @@ def _read_table(name: str, spark: SparkSession | None) -> DataFrame:
         return spark.table(name)
     except AnalysisException as exc:
         raise SourceNotFound(
-            f"table {name!r} not found ({_first_line(exc)}): check the name "
+            f"table {name!r} not found ({first_line(exc)}): check the name "
             "(catalog.schema.table) and that it exists, e.g. with SHOW TABLES"
         ) from exc
 
@@ -101,9 +101,6 @@ def _active_spark() -> SparkSession | None:
 
     return active_spark()
 
-
-def _first_line(exc: BaseException) -> str:
-    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
 
 
 class NothingToTrain(RaybricksError):

@@ -42,7 +42,7 @@ import pyarrow as pa
 from raybricks import console
 from raybricks.config import JobConfig
 from raybricks.data import BlockSegments, SegmentedDataset
-from raybricks.errors import ConfigError, DataLostError
+from raybricks.errors import ConfigError, DataLostError, first_line
 from raybricks.results import (
     FAILED,
     SKIPPED,
@@ -438,8 +438,7 @@ def data_lost(run_id: str, run_dir: Path, missing: int, total: int) -> DataLostE
 
 def lost_reason(exc: Exception) -> str:
     """Why the segments of a task that failed beyond its retries end ``failed``."""
-    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    return f"worker lost after retries ({type(exc).__name__}): {first}"
+    return f"worker lost after retries ({type(exc).__name__}): {first_line(exc)}"
 
 
 def failed_rows(keys: Iterable[tuple], plan: Plan, reason: str | list[str],
