@@ -15,7 +15,7 @@ import logging
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from raybricks import console, hierarchy, monitoring
 from raybricks.cluster import ray_cluster
@@ -59,6 +59,7 @@ if TYPE_CHECKING:
     from raybricks.tracking import Publication
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 #: How many segments' dates ``check_frequency`` reads.
 FREQUENCY_SEGMENTS = 5
 #: The run's log (in its directory): raybricks' and the libraries' logging and warnings.
@@ -373,9 +374,7 @@ def train(
                 config = global_choice(config, spark)
                 given = kept_global(config) if register else None
         # the source's segments and its largest, counted by Spark beside what follows
-        counting = ThreadPoolExecutor(1, thread_name_prefix="raybricks-accounting")
-        sizes = counting.submit(segment_sizes, df, config.segment_by)
-        counting.shutdown(wait=False)
+        sizes = beside("accounting", segment_sizes, df, config.segment_by)
         executor, why = choose_executor(config, spark, num_rows, sizes.result)
         console.say(f"executor: {executor}: {why}")
         log.info("executor: %s: %s", executor, why)
@@ -417,10 +416,16 @@ def opening_tracking() -> Future[object]:
     driver mostly waits for Spark's JVM."""
     from raybricks import tracking
 
-    opening = ThreadPoolExecutor(1, thread_name_prefix="raybricks-tracking")
-    ready = opening.submit(tracking.configure_tracking)
-    opening.shutdown(wait=False)
-    return ready
+    return beside("tracking", tracking.configure_tracking)
+
+
+def beside(name: str, work: Callable[..., T], *args: Any) -> Future[T]:
+    """``work(*args)`` in a thread of its own (``raybricks-<name>``) while the caller
+    goes on."""
+    thread = ThreadPoolExecutor(1, thread_name_prefix=f"raybricks-{name}")
+    done = thread.submit(work, *args)
+    thread.shutdown(wait=False)
+    return done
 
 
 def tracking_opened(ready: Future[object]) -> None:
@@ -584,9 +589,7 @@ def _train_source(config: JobConfig, spark: SparkSession, df: DataFrame, num_row
     segments). ``sizes``: the source's segments, being counted. ``given``: the champion's
     global model, kept; with ``global_model: refit``, a retrain's global model learns
     from the whole ``source``."""
-    counting = ThreadPoolExecutor(1, thread_name_prefix="raybricks-files")
-    skipped = counting.submit(files.skipped, config.segment_by) if files else None
-    counting.shutdown(wait=False)
+    skipped = beside("files", files.skipped, config.segment_by) if files else None
     refit = (given is None and config.source.segments is not None and source is not None
              and config.fallback == "global" and config.global_model == "refit")
     on_ray = config.training.executor == "ray"
