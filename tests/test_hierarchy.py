@@ -207,6 +207,51 @@ def test_a_series_without_a_forecast_counts_as_zero_and_is_reported():
             "forecast) counted as 0") in done.describe()
 
 
+def test_a_series_whose_models_cannot_forecast_is_reported_with_its_error(tmp_path):
+    """A trained series whose own forecast fails in its task keeps its members, with the
+    error in their meta; reconciliation counts it without a forecast and names it."""
+    from types import SimpleNamespace
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from raybricks.reconciliation import Reconciled, own_forecasts
+    from raybricks.training.forecast.backtest import OwnForecast, train_series
+    from tests.test_forecast import FAST, HORIZON, plan_for, series
+
+    rng = np.random.default_rng(0)
+    data = pd.concat([series(s, 30 + rng.normal(size=60)) for s in ("good", "bad")],
+                     ignore_index=True)
+    plan = plan_for(data, tmp_path, models=FAST)
+    own, rows, members = OwnForecast(plan), [], []
+    for store in ("good", "bad"):
+        row, made = train_series(data[data.store == store], (store,), plan)
+        assert row.as_row(plan)["status"] == "trained"
+        if store == "bad":  # a stored last period no forecast can follow
+            made = [m | {"meta": json.dumps(json.loads(m["meta"]) | {"forecast": (
+                json.loads(m["meta"])["forecast"] | {"last": "not a date"})})}
+                for m in made]
+        added = own.added(made)
+        assert len(added) == len(made)
+        metas = [json.loads(m["meta"])["forecast"] for m in added]
+        if store == "good":
+            assert all(len(m["base"]) == HORIZON and "base_error" not in m for m in metas)
+        else:
+            assert all("base" not in m and "not a date" in m["base_error"] for m in metas)
+        rows.append({"store": store})
+        members += [{"store": store, "meta": m["meta"]} for m in added]
+    for folder, table in (("results", rows), ("models", members)):
+        (tmp_path / folder).mkdir()
+        pq.write_table(pa.Table.from_pylist(table), tmp_path / folder / "part-00000.parquet")
+    result = SimpleNamespace(segment_by=["store"], run_dir=tmp_path)
+    keys, base, _, errors = own_forecasts(result, HORIZON)
+    assert keys.column("store").to_pylist() == ["good", "bad"]
+    assert np.isfinite(base[0]).all() and np.isnan(base[1]).all()
+    assert len(errors) == 1 and errors[0].startswith("store='bad': ")
+    described = Reconciled(1, 2, 1, 0, ("bottom_up",), tuple(errors)).describe()
+    assert "1 series without a forecast" in described and "store='bad': " in described
+
+
 # --------------------------------------------------------------------------- end to end
 
 

@@ -26,7 +26,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from raybricks.config import LEVEL_COLUMN, JobConfig
-from raybricks.errors import ConfigError
+from raybricks.errors import ConfigError, key_text
 from raybricks.hierarchy import Levels
 from raybricks.results import part_files
 from raybricks.segmented_model import RECONCILIATION, key_tuples
@@ -57,19 +57,22 @@ class Structure:
 class Reconciled:
     """What reconciliation did: subtrees and series reconciled, series without a
     forecast of their own (failed; counted as 0 in the sums), trees reconciled with the
-    sparse methods, and the method each ran with."""
+    sparse methods, the method each ran with, and why the first few trained series'
+    models could not forecast (``series key: error``, ``SeriesMeta.base_error``)."""
 
     subtrees: int = 0
     series: int = 0
     without_forecast: int = 0
     sparse_trees: int = 0
     methods: tuple[str, ...] = ()
+    forecast_errors: tuple[str, ...] = ()
 
     def add(self, other: Reconciled) -> Reconciled:
         return Reconciled(self.subtrees + other.subtrees, self.series + other.series,
                           self.without_forecast + other.without_forecast,
                           self.sparse_trees + other.sparse_trees,
-                          tuple(sorted(set(self.methods) | set(other.methods))))
+                          tuple(sorted(set(self.methods) | set(other.methods))),
+                          (self.forecast_errors + other.forecast_errors)[:ERRORS_SHOWN])
 
     def describe(self) -> str:
         text = (f"reconciled {self.series} series in {self.subtrees} independent "
@@ -77,9 +80,15 @@ class Reconciled:
         if self.without_forecast:
             text += (f"; {self.without_forecast} series without a forecast of their own "
                      "(failed, or their models could not forecast) counted as 0 in the sums")
+        if self.forecast_errors:
+            text += f" (could not forecast: {'; '.join(self.forecast_errors)})"
         if self.sparse_trees:
             text += f"; {self.sparse_trees} tree(s) large enough for the sparse methods"
         return text
+
+
+#: How many series' forecast errors ``Reconciled.describe`` names.
+ERRORS_SHOWN = 3
 
 
 def check_installed() -> None:
@@ -104,7 +113,7 @@ def reconcile(result: TrainingResult, config: JobConfig, cpus: int, on_ray: bool
     structure = Structure(levels.levels, levels.names, config.forecast.hierarchy.method,
                           config.forecast.hierarchy.middle_level, config.forecast.horizon,
                           list(result.segment_by))
-    keys, base, residuals = own_forecasts(result, structure.horizon)
+    keys, base, residuals, errors = own_forecasts(result, structure.horizon)
     subtrees, batches = subtree_batches(keys, levels.subtree_columns, cpus * TASKS_PER_CPU)
     work = [(keys.take(pa.array(rows)).append_column("subtree", pa.array(subtrees[rows])),
              base[rows], residuals[rows], asdict(structure),
@@ -118,20 +127,21 @@ def reconcile(result: TrainingResult, config: JobConfig, cpus: int, on_ray: bool
         done = ray.get([task.remote(*arguments) for arguments in work])
     else:
         done = [reconcile_batch(*arguments) for arguments in work]
-    found = Reconciled()
+    found = Reconciled(forecast_errors=tuple(errors[:ERRORS_SHOWN]))
     for part in done:
         found = found.add(Reconciled(**part))
     return found
 
 
 def own_forecasts(result: TrainingResult, horizon: int
-                  ) -> tuple[pa.Table, np.ndarray, np.ndarray]:
+                  ) -> tuple[pa.Table, np.ndarray, np.ndarray, list[str]]:
     """The keys of every series of the run, each one's own forecast of the ``horizon``
     periods after its history and its backtest errors (windows x horizon, flattened, the
     latest windows aligned at the end), as the task that fitted its models stored them
-    in their meta (``base`` and ``residuals``); NaN where it has none (failed)."""
+    in their meta (``base`` and ``residuals``); NaN where it has none (failed); and why
+    trained series have none (``key: error``, from ``base_error``)."""
     segment_by = list(result.segment_by)
-    keys, base, errors = [], [], []
+    keys, base, errors, failed = [], [], [], []
     for file in part_files(result.run_dir / "results"):  # a part at a time
         part = pq.read_table(file, columns=segment_by)
         models = result.run_dir / "models" / file.name
@@ -145,10 +155,14 @@ def own_forecasts(result: TrainingResult, horizon: int
         for key in key_tuples(part, segment_by):
             found = stored.get(key, {})
             base.append(found.get("base") or [np.nan] * horizon)
+            if "base_error" in found:
+                failed.append(f"{key_text(dict(zip(segment_by, key, strict=True)), segment_by)}: "
+                              f"{found['base_error']}")
             errors.append(np.asarray(found.get("residuals") or [], dtype="float64").ravel())
         keys.append(part)
     table = pa.concat_tables(keys) if keys else pa.table({c: [] for c in segment_by})
-    return table, np.array(base, dtype="float64").reshape(-1, horizon), aligned(errors)
+    return (table, np.array(base, dtype="float64").reshape(-1, horizon), aligned(errors),
+            failed)
 
 
 def aligned(errors: list[np.ndarray]) -> np.ndarray:

@@ -41,7 +41,8 @@ class SeriesMeta(TypedDict, total=False):
     own forecast of the horizon after its history (``base``: as its members answer it,
     made in the task that fitted them; what reconciliation starts from, and what the
     model answers for those periods) when its next periods need only their dates (no
-    exogenous or static columns). The global model's own meta has the first two only."""
+    exogenous or static columns), or why that forecast failed (``base_error``). The
+    global model's own meta has the first two only."""
 
     frequency: Required[str | int]
     exogenous: Required[list[str]]
@@ -50,6 +51,7 @@ class SeriesMeta(TypedDict, total=False):
     intervals: dict[str, Any]
     residuals: list[list[float]]
     base: list[float]
+    base_error: str
 
 
 class MemberMeta(TypedDict, total=False):

@@ -19,6 +19,7 @@ import pandas as pd
 
 from raybricks import kinds, metrics, profiles
 from raybricks.config import CandidateConfig
+from raybricks.errors import first_line
 from raybricks.kinds.base import MemberMeta, SeriesMeta, member_meta
 from raybricks.kinds.forecasting import (
     TARGET,
@@ -227,8 +228,9 @@ class OwnForecast:
 
     def added(self, members: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """``members`` (a series' serialized members; none for a failed series) with its
-        own forecast in each one's meta; as they are where that forecast fails
-        (reconciliation then counts the series as one without a forecast)."""
+        own forecast in each one's meta; where that forecast fails, with the error
+        instead (``SeriesMeta.base_error``: reconciliation counts the series as one
+        without a forecast and says why)."""
         if not members:
             return members
         try:
@@ -236,17 +238,18 @@ class OwnForecast:
             spec, last = self.plan.forecast, model.meta["forecast"]["last"]
             times = future_times(spec.frequency, last if isinstance(last, int)
                                  else pd.Timestamp(last), spec.horizon)
-            base = model.forecast_next(times)
-        except Exception:  # noqa: BLE001 - the series is reconciled as one without
-            return members
-        return [member | {"meta": json.dumps(with_base(json.loads(member["meta"]),
-                                                       base.tolist()), default=str)}
+            found: dict[str, Any] = {"base": model.forecast_next(times).tolist()}
+        except Exception as exc:  # noqa: BLE001 - reconciled as a series without one
+            found = {"base_error": f"{type(exc).__name__}: {first_line(exc)}"}
+        return [member | {"meta": json.dumps(with_forecast(json.loads(member["meta"]),
+                                                           found), default=str)}
                 for member in members]
 
 
-def with_base(meta: MemberMeta, base: list[float]) -> MemberMeta:
-    """A member's meta with its series' own forecast (``SeriesMeta.base``)."""
-    return meta | {"forecast": meta["forecast"] | {"base": base}}
+def with_forecast(meta: MemberMeta, found: dict[str, Any]) -> MemberMeta:
+    """A member's meta with ``found`` (``SeriesMeta.base`` or ``base_error``) added to
+    its series' meta."""
+    return meta | {"forecast": meta["forecast"] | found}
 
 
 @dataclass
