@@ -166,6 +166,32 @@ def test_bad_settings_are_clear_errors_before_training(weights, tmp_path):
         check_job(missing, register=False)
 
 
+def test_a_hub_chronos_bolt_with_exogenous_columns_is_refused_before_training(
+        weights, tmp_path, monkeypatch):
+    """A hub id's model is known once ``check_job`` has downloaded it (here from the
+    Hugging Face cache, offline): Chronos-Bolt with exogenous columns is refused there,
+    before any cluster starts; Chronos-2 passes."""
+    from huggingface_hub import constants
+
+    cache = tmp_path / "hub"
+    for name in ("bolt", "chronos2"):
+        stored = cache / f"models--tests--{name}"
+        shutil.copytree(weights[name], stored / "snapshots" / ("0" * 40))
+        (stored / "refs").mkdir()
+        (stored / "refs" / "main").write_text("0" * 40)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(pretrained, "_DOWNLOADED", {})
+    forecast = {"horizon": HORIZON, "frequency": "D", "exogenous": ["promo"]}
+    bolt = forecast_job(tmp_path, models=[{"name": "bolt", "kind": "chronos",
+                                           "params": {"model": "tests/bolt"}}],
+                        forecast=forecast)  # not known yet: the config parses
+    with pytest.raises(ConfigError, match="tests/bolt is not a Chronos-2 model"):
+        check_job(bolt, register=False)
+    check_job(forecast_job(tmp_path, models=[{"name": "c2", "kind": "chronos", "params": {
+        "model": "tests/chronos2"}}], forecast=forecast), register=False)
+
+
 def promo_frame(seed: int = 4) -> pd.DataFrame:
     rng = np.random.default_rng(seed)
     frames = []

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from raybricks import console, hierarchy, monitoring
+from raybricks import console, hierarchy, kinds, monitoring
 from raybricks.cluster import ray_cluster
 from raybricks.compat import arrow_schema
 from raybricks.config import JobConfig
@@ -106,6 +106,8 @@ def check_job(config: JobConfig, *, register: bool = True) -> None:
 
     for candidate in config.models:
         task_of(config).kind(candidate).check()
+    if config.forecast is not None:
+        check_forecasters(config)
     if hierarchical(config):
         from raybricks.reconciliation import check_installed
 
@@ -115,6 +117,18 @@ def check_job(config: JobConfig, *, register: bool = True) -> None:
     elif forecast_output(config):
         raise ConfigError("forecast.output writes the forecasts of the model the job logs "
                           "to MLflow: train with register=True, or leave output out")
+
+
+def check_forecasters(config: JobConfig) -> None:
+    """The candidates' ``check_forecast_config`` again, now that their ``check`` has
+    fetched what some of them read (a hub id's weights: whether its model takes
+    exogenous columns)."""
+    for candidate in config.models:
+        try:
+            kinds.forecaster_kind(candidate.kind).check_forecast_config(candidate,
+                                                                        config.forecast)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
 
 
 def forecast_output(config: JobConfig) -> str | None:

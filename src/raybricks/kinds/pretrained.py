@@ -60,21 +60,33 @@ def weights_folder(source: str) -> Path:
     (``dbfs:/...`` read through ``/dbfs``), else a Hugging Face id, downloaded once per
     machine into the Hugging Face cache (``huggingface_hub.snapshot_download``) and
     remembered by the process."""
-    path = Path("/dbfs" + source[len("dbfs:"):]) if source.startswith("dbfs:/") else Path(
-        os.path.expanduser(source))
-    if path.is_dir():
-        return path
-    if path.is_absolute() or source.startswith((".", "~")) or source.count("/") != 1:
+    found = known_folder(source)
+    if found is not None:
+        return found
+    if local_path(source).is_absolute() or source.startswith((".", "~")) or source.count("/") != 1:
         raise FileNotFoundError(
             f"pretrained weights {source!r}: no such folder, and not a Hugging Face id "
             "(owner/name): give a folder holding the model's files (a Unity Catalog "
             "Volume such as /Volumes/main/models/chronos-bolt-small) or a hub id such as "
             "amazon/chronos-bolt-small")
-    if source not in _DOWNLOADED:  # the hub is asked once per process, not per block
-        from huggingface_hub import snapshot_download
+    from huggingface_hub import snapshot_download  # the hub is asked once per process
 
-        _DOWNLOADED[source] = Path(snapshot_download(source))
+    _DOWNLOADED[source] = Path(snapshot_download(source))
     return _DOWNLOADED[source]
+
+
+def known_folder(source: str) -> Path | None:
+    """``weights_folder`` without asking the hub: the local folder, or the folder this
+    process downloaded the hub id to; None otherwise."""
+    path = local_path(source)
+    return path if path.is_dir() else _DOWNLOADED.get(source)
+
+
+def local_path(source: str) -> Path:
+    """``source`` as a path on this machine (``dbfs:/...`` read through ``/dbfs``)."""
+    if source.startswith("dbfs:/"):
+        return Path("/dbfs" + source[len("dbfs:"):])
+    return Path(os.path.expanduser(source))
 
 
 def folder_digest(folder: Path) -> str:
@@ -441,12 +453,14 @@ class ChronosKind(PretrainedKind):
 
     @classmethod
     def check_forecast_config(cls, candidate, forecast) -> None:
-        """Exogenous columns with a local Chronos-Bolt refused now (its ``config.json``
-        names its pipeline); a hub id's model is known when a task loads it."""
-        source = Path(str(dict(candidate.params).get("model") or ""))
-        config = source / "config.json"
-        if forecast.exogenous and config.is_file() and json.loads(config.read_text()).get(
-                "chronos_pipeline_class") != "Chronos2Pipeline":
+        """Exogenous columns with a Chronos-Bolt refused (its ``config.json`` names its
+        pipeline): a local one's when the config is read, a hub id's once ``check`` has
+        downloaded it, before any cluster starts (``pipeline.check_job``)."""
+        source = str(dict(candidate.params).get("model") or "")
+        folder = known_folder(source) if source else None
+        config = folder / "config.json" if folder is not None else None
+        if forecast.exogenous and config is not None and config.is_file() and json.loads(
+                config.read_text()).get("chronos_pipeline_class") != "Chronos2Pipeline":
             raise ValueError(
                 f"models[{candidate.name}]: {source} is not a Chronos-2 model and "
                 f"{cls.no_covariates} (the job has forecast.exogenous "
