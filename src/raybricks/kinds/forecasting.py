@@ -236,6 +236,12 @@ class ForecastKind(StoredKind):
 
     # -- the training half
 
+    def weights(self) -> dict[str, str] | None:
+        """Where this candidate's pretrained weights come from (``source``, ``sha256``)
+        and how the registered model keeps them (``store``), for a kind whose models
+        read a folder of weights (``PretrainedKind``); None for one that fits its own."""
+        return None
+
     @classmethod
     def check_forecast_config(cls, candidate: Any, forecast: Any) -> None:
         """Raise ValueError when the candidate cannot forecast as the job's ``forecast``

@@ -22,7 +22,6 @@ from raybricks.config import CandidateConfig, JobConfig
 from raybricks.errors import DataError
 from raybricks.kinds import ForecastKind
 from raybricks.kinds.forecasting import future_times, times_of
-from raybricks.kinds.pretrained import PretrainedKind
 from raybricks.results import FAILED, TRAINED, keep_fallback
 from raybricks.training.blocks import Blocks
 from raybricks.training.forecast import global_model
@@ -135,9 +134,9 @@ def pretrained_weights(plan: Plan) -> dict[str, dict[str, str]]:
     how the registered model keeps them (``store``)."""
     found = {}
     for candidate in plan.candidates:
-        kind = kinds.forecaster(candidate)
-        if isinstance(kind, PretrainedKind):
-            found[candidate.name] = kind.weights()
+        weights = kinds.forecaster(candidate).weights()
+        if weights is not None:
+            found[candidate.name] = weights
     return found
 
 
