@@ -49,6 +49,23 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(skip)
 
 
+@pytest.fixture
+def mlflow_restored(monkeypatch):
+    """MLflow's tracking and registry URIs (and the environment's MLFLOW_* that MLflow
+    and raybricks set) as they were before the test, whatever it pointed them at."""
+    import mlflow
+
+    before = mlflow.get_tracking_uri(), mlflow.get_registry_uri()
+    for name in ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI", "MLFLOW_EXPERIMENT_ID"):
+        if name in os.environ:
+            monkeypatch.setenv(name, os.environ[name])  # put back after the test
+        else:
+            monkeypatch.delenv(name, raising=False)
+    yield
+    mlflow.set_tracking_uri(before[0])
+    mlflow.set_registry_uri(before[1])
+
+
 @pytest.fixture(scope="session")
 def spark():
     from raybricks.session import local_spark_session

@@ -299,7 +299,7 @@ def test_the_python_api_shows_its_stages_and_keeps_library_logs_in_the_run_log(
     assert list(report.timings) == ["checks", "source", "data", "training", "accounting",
                                     "registry", "other"]
     assert sum(report.timings.values()) == pytest.approx(report.seconds)
-    assert report.seconds <= wall < report.seconds + 0.5
+    assert report.seconds <= wall < report.seconds + 1.5  # slack: a busy machine pauses
     assert re.search(r"^  checks: config, estimators, registry name: \d+\.\d s$",
                      shown.out, re.M)
     assert f"> source: {source}: columns, types, target ...\n" in shown.out

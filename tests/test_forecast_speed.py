@@ -97,4 +97,4 @@ def test_each_candidates_seconds_are_in_the_result_row(tmp_path):
     assert "global_seconds" not in found.columns and "baseline_seconds" not in found.columns
     assert (found.lgbm_seconds > 0).all() and (found.snaive_seconds > 0).all()
     assert (found.lgbm_seconds + found.snaive_seconds <= found.fit_seconds).all()
-    assert (found.lgbm_seconds > found.snaive_seconds).all()  # a booster against a lookup
+    assert found.lgbm_seconds.sum() > 5 * found.snaive_seconds.sum()  # a booster, a lookup

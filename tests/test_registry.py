@@ -489,41 +489,37 @@ def test_ten_thousand_segment_model_round_trip(shops_result, tmp_path, capsys):
               f"{loaded:.1f}s")
 
 
-def test_tracking_defaults_local_sqlite_databricks_and_env(monkeypatch, tmp_path):
+def test_tracking_defaults_local_sqlite_databricks_and_env(monkeypatch, tmp_path,
+                                                          mlflow_restored):
     import mlflow
 
-    before = mlflow.get_tracking_uri(), mlflow.get_registry_uri()
     for name in ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI", "DATABRICKS_RUNTIME_VERSION"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.chdir(tmp_path)
-    try:
-        local = tracking.configure_tracking()
-        assert local.tracking_uri == local.registry_uri == f"sqlite:///{tmp_path}/mlflow.db"
-        config = job(tmp_path, tracking={"experiment": "defaults"})
-        with mlflow.start_run(experiment_id=tracking.experiment_id(config, local)):
-            mlflow.log_dict({"a": 1}, "a.json")
-        assert (tmp_path / "mlflow.db").exists()
-        assert list((tmp_path / "mlruns").rglob("a.json"))  # artifacts in ./mlruns
-        # another tracking store later in the process (a notebook's next job): its
-        # registry follows it, though MLflow copied the first one into the environment
-        monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/moved.db")
-        moved = tracking.configure_tracking()
-        assert moved.registry_uri == mlflow.get_registry_uri() == \
-            f"sqlite:///{tmp_path}/moved.db"
-        for name in ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI"):  # mlflow sets them too
-            monkeypatch.delenv(name, raising=False)
-        monkeypatch.setenv("DATABRICKS_RUNTIME_VERSION", "15.4")
-        workspace = tracking.configure_tracking()
-        assert (workspace.tracking_uri, workspace.registry_uri) == ("databricks",
-                                                                    "databricks-uc")
-        monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/other.db")
-        monkeypatch.setenv("MLFLOW_REGISTRY_URI", f"sqlite:///{tmp_path}/registry.db")
-        chosen = tracking.configure_tracking()
-        assert chosen.tracking_uri.endswith("other.db")
-        assert mlflow.get_registry_uri().endswith("registry.db")
-    finally:
-        mlflow.set_tracking_uri(before[0])
-        mlflow.set_registry_uri(before[1])
+    local = tracking.configure_tracking()
+    assert local.tracking_uri == local.registry_uri == f"sqlite:///{tmp_path}/mlflow.db"
+    config = job(tmp_path, tracking={"experiment": "defaults"})
+    with mlflow.start_run(experiment_id=tracking.experiment_id(config, local)):
+        mlflow.log_dict({"a": 1}, "a.json")
+    assert (tmp_path / "mlflow.db").exists()
+    assert list((tmp_path / "mlruns").rglob("a.json"))  # artifacts in ./mlruns
+    # another tracking store later in the process (a notebook's next job): its
+    # registry follows it, though MLflow copied the first one into the environment
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/moved.db")
+    moved = tracking.configure_tracking()
+    assert moved.registry_uri == mlflow.get_registry_uri() == \
+        f"sqlite:///{tmp_path}/moved.db"
+    for name in ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI"):  # mlflow sets them too
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("DATABRICKS_RUNTIME_VERSION", "15.4")
+    workspace = tracking.configure_tracking()
+    assert (workspace.tracking_uri, workspace.registry_uri) == ("databricks",
+                                                                "databricks-uc")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/other.db")
+    monkeypatch.setenv("MLFLOW_REGISTRY_URI", f"sqlite:///{tmp_path}/registry.db")
+    chosen = tracking.configure_tracking()
+    assert chosen.tracking_uri.endswith("other.db")
+    assert mlflow.get_registry_uri().endswith("registry.db")
 
 
 def copy_with_library_version(uri: str, directory, library: str, version: str):

@@ -566,7 +566,7 @@ def test_100k_tiny_segments_are_each_accounted_once(ray_on_spark, spark, tmp_pat
 
 
 def test_a_tracking_store_that_cannot_be_opened_is_refused_before_training(
-        spark, tmp_path, monkeypatch):
+        spark, tmp_path, monkeypatch, mlflow_restored):
     blocker = tmp_path / "not-a-folder"
     blocker.write_text("a file where the store's folder should be")
     shops = table(spark, "shops_store", helpers.shops().drop(columns="day"))

@@ -295,17 +295,23 @@ def unpack_together(barrier, archive: Path, results) -> None:
     results.put((first_look, str(scoring.unpacked(archive))))
 
 
-def test_python_workers_racing_to_unpack_the_model_get_one_whole_copy(tmp_path):
+def test_python_workers_racing_to_unpack_the_model_get_one_whole_copy(tmp_path,
+                                                                       monkeypatch):
     import multiprocessing
+    import zipfile
 
     segments = tmp_path / "segments"
     segments.mkdir()
     rng = np.random.default_rng(0)
-    for i in range(8):  # 16 MiB: unpacking takes long enough for the workers to meet
+    for i in range(8):
         (segments / f"models-{i:05d}.parquet").write_bytes(rng.bytes(2 * 2**20))
     archive = scoring.pack_segments(segments, tmp_path)
     context = multiprocessing.get_context("fork")  # the workers start as Spark's do
     barrier, results = context.Barrier(4), context.Queue()
+    # every worker unpacks only once all four found no copy: they surely race
+    extracting, extract = context.Barrier(4), zipfile.ZipFile.extractall
+    monkeypatch.setattr(zipfile.ZipFile, "extractall", lambda self, *args, **kwargs: (
+        extracting.wait(timeout=60), extract(self, *args, **kwargs))[1])
     workers = [context.Process(target=unpack_together, args=(barrier, archive, results))
                for _ in range(4)]
     for worker in workers:
@@ -314,7 +320,7 @@ def test_python_workers_racing_to_unpack_the_model_get_one_whole_copy(tmp_path):
     for worker in workers:
         worker.join(timeout=60)
         assert worker.exitcode == 0
-    assert sum(not looked for looked, _ in found) >= 2  # they did race
+    assert sum(not looked for looked, _ in found) == 4  # they did race
     [directory] = {Path(d) for _, d in found}
     assert directory == tmp_path / archive.stem
     assert sorted(p.name for p in directory.iterdir()) == sorted(

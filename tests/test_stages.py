@@ -82,7 +82,7 @@ def assert_adds_up(report, wall: float, stages: list[str]) -> None:
     seconds, which are the wall time of the call."""
     assert list(report.timings) == [*stages, "other"], report.timings
     assert sum(report.timings.values()) == pytest.approx(report.seconds)
-    assert report.seconds <= wall < report.seconds + 0.5
+    assert report.seconds <= wall < report.seconds + 1.5  # slack: a busy machine pauses
     assert report.timings["other"] < OUTSIDE, report.timings
 
 
