@@ -69,7 +69,8 @@ runtimes-table:
 
 # The `foundation` extra's tests (pretrained Chronos and TimesFM on tiny random-weight
 # models) in their own environment: CPU torch from a local wheel, then the locked packages
-# (see ci/foundation/setup); rebuilt when pyproject.toml or uv.lock change.
+# (see ci/foundation/setup); rebuilt when pyproject.toml or uv.lock change. Its tests
+# marked `topology` then run again on a multi-executor Spark, as in `make test`.
 FOUNDATION_VENV := .venv-foundation
 FOUNDATION_STAMP := $(FOUNDATION_VENV)/.ready
 
@@ -81,6 +82,8 @@ $(FOUNDATION_STAMP): pyproject.toml uv.lock ci/foundation/setup | $(UV)
 
 test-foundation: setup-foundation
 	$(FOUNDATION_VENV)/bin/python -m pytest -p no:cacheprovider -m foundation tests
+	RAYBRICKS_TEST_MASTER='local-cluster[2,2,1024]' \
+		$(FOUNDATION_VENV)/bin/python -m pytest -p no:cacheprovider -m foundation tests
 
 clean:
 	rm -rf $(VENV) $(addprefix .venv-,$(RUNTIMES)) $(FOUNDATION_VENV) .tools build spark-warehouse \

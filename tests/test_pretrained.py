@@ -262,6 +262,7 @@ def trained(ray_on_spark, spark, weights, tmp_path_factory):
     return data, result, tracking.publish(result, config)
 
 
+@pytest.mark.topology  # also on executors in their own JVMs
 def test_pretrained_candidates_are_backtested_and_stored_like_the_others(trained, weights):
     data, result, _ = trained
     segments = result.segments.set_index("store")
@@ -283,6 +284,7 @@ def test_pretrained_candidates_are_backtested_and_stored_like_the_others(trained
         assert model["weights"]["sha256"] == pretrained.folder_digest(weights[row.candidate])
 
 
+@pytest.mark.topology  # also on executors in their own JVMs
 def test_the_registered_model_carries_the_weights_once_and_answers_beyond_them(
         trained, weights, tmp_path):
     data, result, publication = trained
@@ -322,6 +324,7 @@ def test_the_registered_model_carries_the_weights_once_and_answers_beyond_them(
     assert (first_week.hi_80 <= first_week.hi_95).all()
 
 
+@pytest.mark.topology  # also on executors in their own JVMs
 def test_forecast_command_and_spark_udf_answer_the_same_two_weeks(trained, spark, tmp_path):
     """``raybricks forecast`` beyond the stored week (the models forecast it in the Spark
     tasks) and MLflow's own ``spark_udf`` give the same forecasts."""
@@ -338,6 +341,7 @@ def test_forecast_command_and_spark_udf_answer_the_same_two_weeks(trained, spark
                                rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.topology  # also on executors in their own JVMs
 def test_scoring_forecasts_the_series_of_a_call_together_once_per_model(
         trained, monkeypatch, tmp_path):
     """Rows beyond the stored horizon of many series: one batched call per pretrained
@@ -477,6 +481,7 @@ def test_a_gpu_candidate_forecasts_on_the_gpu_its_task_holds(weights, tmp_path):
     assert len(processes) == len(set(processes))
 
 
+@pytest.mark.topology  # also on executors in their own JVMs
 def test_a_merged_version_carries_the_weights_its_series_need(trained, weights, tmp_path):
     """``registry.promote: merge`` (after the other tests: it moves the champion): the
     merged version carries the copied weights, and answers as the version before."""
