@@ -105,3 +105,45 @@ def test_invalid_sklearn_settings_are_refused_before_any_cluster():
         check_candidate(CandidateConfig(**ridge, params={"alpha": -1}))
     with pytest.raises(ConfigError, match="'solver': 'fastest'.*solver"):
         check_candidate(CandidateConfig(**ridge, search={"solver": ["auto", "fastest"]}))
+
+
+def documented_configs() -> list:
+    """Every YAML block of the README and docs/, named by file and position."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    found = []
+    for doc in [root / "README.md", *sorted((root / "docs").glob("*.md"))]:
+        blocks = re.findall(r"```yaml\n(.*?)```", doc.read_text(), re.S)
+        found += [pytest.param(block, id=f"{doc.name}-{i}") for i, block in enumerate(blocks)]
+    return found
+
+
+@pytest.mark.parametrize("block", documented_configs())
+def test_every_config_the_docs_show_is_valid(block):
+    """A whole job as shown; a fragment (a section or two) over a minimal job of its task,
+    a forecast one when it shows a forecast section or forecasting kinds. A user's own
+    kind (``mypkg``) is the only thing allowed to be missing."""
+    import yaml
+
+    from raybricks import kinds
+
+    shown = yaml.safe_load(block)
+    assert isinstance(shown, dict)
+    forecasting = "forecast" in shown or any(
+        not model["kind"].startswith("mypkg.")
+        and issubclass(kinds.resolve(model["kind"]), kinds.ForecastKind)
+        for model in shown.get("models", []))
+    base = BASE | ({"task": "forecast", "time_column": "day",
+                    "models": [{"name": "snaive", "kind": "statsforecast",
+                                "estimator": "SeasonalNaive"}],
+                    "forecast": {"horizon": 7, "frequency": "D"}} if forecasting else {})
+    merged = base | shown
+    if forecasting:
+        merged["forecast"] = base["forecast"] | shown.get("forecast", {})
+    try:
+        JobConfig.from_dict(merged)
+    except ConfigError as exc:
+        if "cannot import 'mypkg." not in str(exc):
+            raise

@@ -520,7 +520,7 @@ class TrainingConfig(StrictModel):
     segment_timeout_s: float | None = Field(default=None, gt=0)
     #: Where the packed tasks run: ``ray`` (Ray on the Spark cluster), ``spark`` (Spark's
     #: own tasks: Spark Connect, serverless, small jobs) or ``auto`` (see
-    #: ``raybricks.training.executors.choose``).
+    #: ``raybricks.pipeline.choose_executor``).
     executor: Literal["auto", "ray", "spark"] = "auto"
     output_dir: str = ".raybricks/runs"
     run_id: str | None = None
