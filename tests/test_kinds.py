@@ -116,6 +116,42 @@ def test_a_users_kind_by_import_path_is_checked_before_any_cluster():
         CandidateConfig(name="x", kind="tests.helpers.shops")
 
 
+@pytest.mark.parametrize(("kind", "params", "search", "message"), [
+    ("lightgbm", {"n_estimator": 50}, {},
+     r"LightGBM has no parameter n_estimator \(did you mean n_estimators\?\)"),
+    ("lightgbm", {}, {"num_leave": [7, 15]},
+     r"num_leave \(did you mean num_leaves or num_leaf\?\)"),
+    ("xgboost", {"max_dept": 3}, {},
+     r"XGBoost has no parameter max_dept \(did you mean max_depth\?\)"),
+    ("xgboost", {}, {"max_depth": [3, -3]},
+     r"is not a valid setting of XGBoost: value -3 for Parameter max_depth"),
+    ("catboost", {"iteration": 50}, {},
+     r"CatBoost has no parameter iteration \(did you mean iterations\?\)"),
+])
+def test_a_misspelt_booster_parameter_is_refused_before_any_cluster(tmp_path, kind, params,
+                                                                    search, message):
+    """LightGBM and XGBoost only warn of a parameter they do not know, and training
+    silences their warnings: the job's checks refuse it, for a table job and a
+    forecasting one (the lag models), naming the closest names. Their own aliases pass."""
+    from raybricks.pipeline import check_job
+    from tests.test_forecast import forecast_job
+
+    pytest.importorskip(kind)
+    valid = {"lightgbm": {"n_estimators": 20, "num_leaves": 7, "min_data_in_leaf": 5,
+                          "subsample": 0.8, "lambda_l2": 1.0},
+             "xgboost": {"n_estimators": 20, "eta": 0.1, "max_depth": 3, "device": "cpu",
+                         "min_child_weight": 2, "tree_method": "hist"},
+             "catboost": {"iterations": 20, "depth": 4, "l2_leaf_reg": 3}}[kind]
+    good = {"name": "m", "kind": kind, "params": valid,
+            "search": {next(iter(valid)): [10, 30]}}
+    for config in (job(tmp_path, models=[good]), forecast_job(tmp_path, models=[good])):
+        check_job(config, register=False)
+    bad = {"name": "m", "kind": kind, "params": valid | params, "search": search}
+    for config in (job(tmp_path, models=[bad]), forecast_job(tmp_path, models=[bad])):
+        with pytest.raises(ConfigError, match=r"models\[m\]: .*" + message):
+            check_job(config, register=False)
+
+
 def test_a_users_kind_trains_registers_and_serves_without_raybricks(shops_ds, tmp_path):
     config = job(tmp_path, models=USER, features=["x1", "x2"],
                  registry={"name": "tests.kinds.user"},

@@ -193,6 +193,35 @@ def accepted_parameters(factory: Any) -> frozenset[str]:
         return frozenset()
 
 
+def candidate_settings(candidate: Any) -> list[dict[str, Any]]:
+    """The settings a kind's ``check`` validates: the candidate's ``params``, then each
+    value of its search space over them (a list value by value, a range at both ends)."""
+    settings = [dict(candidate.params)]
+    for name, space in candidate.search.items():
+        values = space if isinstance(space, list) else [space.low, space.high]
+        if not isinstance(space, list) and space.int:
+            values = [int(round(v)) for v in values]
+        settings += [candidate.params | {name: value} for value in values]
+    return settings
+
+
+def unknown_parameters(candidate: Any, unknown: set[str], known: set[str], library: str,
+                       reference: str) -> Exception:
+    """The ConfigError for the parameters of ``candidate`` that ``library`` does not take,
+    each with the closest names it does (``known``)."""
+    import difflib
+
+    from raybricks.errors import ConfigError
+
+    named = []
+    for name in sorted(unknown):
+        close = difflib.get_close_matches(name, sorted(known), n=2, cutoff=0.8)
+        named.append(name + (f" (did you mean {' or '.join(close)}?)" if close else ""))
+    return ConfigError(f"models[{candidate.name}]: {library} has no parameter "
+                       f"{', '.join(named)}: correct its name in params or search "
+                       f"({reference})")
+
+
 def boosting_params(params: dict[str, Any], defaults: dict[str, Any], task: str,
                     n_classes: int, drop: tuple[str, ...] = ("n_jobs", "random_state",
                                                             "verbose", "verbosity"),

@@ -11,7 +11,7 @@ from typing import Any
 
 import pandas as pd
 
-from .base import CLASSIFICATION, ModelKind
+from .base import CLASSIFICATION, ModelKind, unknown_parameters
 
 #: Parameters that each set the number of trees (CatBoost refuses two of them).
 ROUNDS = ("iterations", "n_estimators", "num_boost_round", "num_trees")
@@ -46,6 +46,21 @@ class CatBoostKind(ModelKind):
 
     def warm_up(self) -> None:
         import catboost  # noqa: F401
+
+    def check(self) -> None:
+        """Every name in the candidate's params and search is an argument of CatBoost's
+        estimators (else each segment's fit would fail with a TypeError)."""
+        import inspect
+
+        import catboost
+
+        names = set()
+        for estimator in (catboost.CatBoostRegressor, catboost.CatBoostClassifier):
+            names |= set(inspect.signature(estimator.__init__).parameters) - {"self"}
+        given = set(self.candidate.params) | set(self.candidate.search)
+        if given - names:
+            raise unknown_parameters(self.candidate, given - names, names, "CatBoost",
+                                     "https://catboost.ai/docs/en/references/training-parameters/")
 
     def fit(self, params, X, y, task, seed, threads, meta) -> Any:
         import catboost

@@ -7,9 +7,11 @@ from typing import Any
 
 import numpy as np
 
-from .base import CLASSIFICATION, ModelKind, boosting_params
+from .base import CLASSIFICATION, ModelKind, boosting_params, unknown_parameters
 
 OBJECTIVES = {"regression": "regression", "binary": "binary", "multiclass": "multiclass"}
+#: Where LightGBM lists its parameters.
+REFERENCE = "https://lightgbm.readthedocs.io/en/latest/Parameters.html"
 VALIDATION_METRICS = {"regression": "l2", "binary": "binary_logloss",
                       "multiclass": "multi_logloss"}
 
@@ -32,6 +34,33 @@ class LightGBMKind(ModelKind):
 
     def warm_up(self) -> None:
         import lightgbm  # noqa: F401
+
+    def check(self) -> None:
+        """Every name in the candidate's params and search is one LightGBM takes (its
+        estimators' arguments, its parameters and their aliases): LightGBM itself only
+        logs a warning for an unknown one, which training silences."""
+        names = self.parameter_names()
+        given = set(self.candidate.params) | set(self.candidate.search)
+        if names is not None and given - names:
+            raise unknown_parameters(self.candidate, given - names, names, "LightGBM",
+                                     REFERENCE)
+
+    @staticmethod
+    def parameter_names() -> set[str] | None:
+        """The names LightGBM takes; None where this version cannot list them."""
+        import inspect
+
+        import lightgbm as lgb
+
+        aliases = getattr(getattr(lgb.basic, "_ConfigAliases", None),
+                          "_get_all_param_aliases", None)
+        if aliases is None:
+            return None
+        names = set(inspect.signature(lgb.LGBMModel.__init__).parameters) - {"self",
+                                                                              "kwargs"}
+        for name, others in aliases().items():
+            names |= {name, *others}
+        return names
 
     def fit(self, params, X, y, task, seed, threads, meta) -> Any:
         import lightgbm as lgb

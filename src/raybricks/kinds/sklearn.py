@@ -11,7 +11,14 @@ from typing import Any
 
 import numpy as np
 
-from .base import CLASSIFICATION, ModelKind, accepted_parameters, filled_input, import_object
+from .base import (
+    CLASSIFICATION,
+    ModelKind,
+    accepted_parameters,
+    candidate_settings,
+    filled_input,
+    import_object,
+)
 
 _CHECKED: set[tuple[str, str]] = set()
 
@@ -85,13 +92,7 @@ class SklearnKind(ModelKind):
 
         candidate = self.candidate
         import_object(candidate.estimator)
-        settings = [dict(candidate.params)]
-        for name, space in candidate.search.items():
-            values = space if isinstance(space, list) else [space.low, space.high]
-            if not isinstance(space, list) and space.int:
-                values = [int(round(v)) for v in values]
-            settings += [candidate.params | {name: value} for value in values]
-        for setting in settings:
+        for setting in candidate_settings(candidate):
             try:
                 self.check_parameters(setting)
             except Exception as exc:  # noqa: BLE001 - scikit-learn raises several types

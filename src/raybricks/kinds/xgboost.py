@@ -3,14 +3,21 @@ stored as XGBoost's UBJSON; data-parallel with Ray Train's XGBoostTrainer."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import numpy as np
 
-from .base import CLASSIFICATION, ModelKind, boosting_params
+from .base import CLASSIFICATION, ModelKind, boosting_params, candidate_settings, unknown_parameters
 
 OBJECTIVES = {"regression": "reg:squarederror", "binary": "binary:logistic",
               "multiclass": "multi:softprob"}
+#: Where XGBoost lists its parameters.
+REFERENCE = "https://xgboost.readthedocs.io/en/stable/parameter.html"
+#: How XGBoost warns of parameters it does not use.
+UNUSED = re.compile(r"Parameters: \{ (.*) \} are not used", re.S)
+#: Set by the task at fit (the job's task), not checked on a booster without one.
+TASK_PARAMS = ("objective", "num_class", "eval_metric")
 VALIDATION_METRICS = {"regression": "rmse", "binary": "logloss", "multiclass": "mlogloss"}
 
 
@@ -38,6 +45,37 @@ class XGBoostKind(ModelKind):
 
     def warm_up(self) -> None:
         import xgboost  # noqa: F401
+
+    def check(self) -> None:
+        """Each setting (``candidate_settings``) configures an XGBoost booster: a value
+        XGBoost refuses, or a name it does not use (XGBoost itself only warns, which
+        training silences), is a ConfigError."""
+        import warnings
+
+        import xgboost as xgb
+
+        from raybricks.errors import ConfigError, first_line
+
+        tiny = xgb.DMatrix(np.arange(8.0).reshape(4, 2), label=np.arange(4.0))
+        unused: set[str] = set()
+        for setting in candidate_settings(self.candidate):
+            booster = {name: value for name, value in
+                       xgb.XGBRegressor(**setting).get_xgb_params().items()
+                       if name not in TASK_PARAMS}
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                try:
+                    xgb.Booster(booster, [tiny]).save_config()
+                except xgb.core.XGBoostError as exc:
+                    raise ConfigError(f"models[{self.candidate.name}]: {setting} is not a "
+                                      f"valid setting of XGBoost: {first_line(exc)}") from None
+            for warning in caught:
+                found = UNUSED.search(str(warning.message))
+                unused |= set(re.findall(r'"([^"]+)"', found.group(1))) if found else set()
+        if unused:
+            raise unknown_parameters(self.candidate, unused,
+                                     set(xgb.XGBRegressor().get_params()), "XGBoost",
+                                     REFERENCE)
 
     def fit(self, params, X, y, task, seed, threads, meta) -> Any:
         import xgboost as xgb
