@@ -55,6 +55,14 @@ def test_defaults_and_shorthands():
     assert JobConfig.from_dict(BASE).metric == "rmse"
     assert JobConfig.from_dict(BASE).config_hash() == JobConfig.from_dict(BASE).config_hash()
     assert JobConfig.from_dict(BASE).config_hash() != config.config_hash()
+    one = JobConfig.from_dict(with_(segment_by="store", features="x"))  # one column: a name
+    assert one.segment_by == ["store"] and one.features == ["x"]
+    assert one.config_hash() == JobConfig.from_dict(
+        with_(segment_by=["store"], features=["x"])).config_hash()
+    series = JobConfig.from_dict(with_(task="forecast", time_column="day", fallback="global",
+                                       forecast={"horizon": 7, "frequency": "D",
+                                                 "exogenous": "promo", "static": "kind"}))
+    assert series.forecast.exogenous == ["promo"] and series.forecast.static == ["kind"]
 
 
 def test_yaml_and_overrides(tmp_path):

@@ -55,9 +55,9 @@ if PYDANTIC_V1:
 
         return pydantic.root_validator(skip_on_failure=True, allow_reuse=True)(run)
 
-    def before_validator(field: str) -> Callable:
-        """``convert(cls, value) -> value`` run on a field's raw input."""
-        return lambda convert: pydantic.validator(field, pre=True, allow_reuse=True)(convert)
+    def before_validator(*fields: str) -> Callable:
+        """``convert(cls, value) -> value`` run on each of the fields' raw input."""
+        return lambda convert: pydantic.validator(*fields, pre=True, allow_reuse=True)(convert)
 
     def before_model(convert: Callable) -> Any:
         """``convert(cls, data) -> data`` run on a model's raw input."""
@@ -84,9 +84,9 @@ else:
         """``check(self) -> self`` run once the fields are valid."""
         return pydantic.model_validator(mode="after")(check)
 
-    def before_validator(field: str) -> Callable:
-        """``convert(cls, value) -> value`` run on a field's raw input."""
-        return lambda convert: pydantic.field_validator(field, mode="before")(
+    def before_validator(*fields: str) -> Callable:
+        """``convert(cls, value) -> value`` run on each of the fields' raw input."""
+        return lambda convert: pydantic.field_validator(*fields, mode="before")(
             classmethod(convert))
 
     def before_model(convert: Callable) -> Any:

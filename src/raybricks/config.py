@@ -260,6 +260,11 @@ def is_chain(levels: list[list[str]]) -> bool:
                                                                   strict=False))
 
 
+def one_column(value: object) -> object:
+    """A list of columns given as one name (``segment_by: store``): that one."""
+    return [value] if isinstance(value, str) else value
+
+
 class ForecastConfig(StrictModel):
     """Task forecast: what each series is forecast with.
 
@@ -310,6 +315,10 @@ class ForecastConfig(StrictModel):
     @before_validator("holidays")
     def _holidays_shorthand(cls, value: object) -> object:
         return {"country": value} if isinstance(value, str) else value
+
+    @before_validator("exogenous", "static")
+    def _one_column_shorthand(cls, value: object) -> object:
+        return one_column(value)
 
     @before_validator("hierarchy")
     def _chain_shorthand(cls, value: object) -> object:
@@ -611,6 +620,10 @@ class JobConfig(StrictModel):
     @before_validator("ensemble")
     def _ensemble_shorthand(cls, value: object) -> object:
         return {"method": value} if isinstance(value, str) else value
+
+    @before_validator("segment_by", "features")
+    def _one_column_shorthand(cls, value: object) -> object:
+        return one_column(value)
 
     @after_validator
     def _check(self) -> JobConfig:
