@@ -336,6 +336,10 @@ def test_large_segment_resumes_from_its_checkpoint_when_a_ray_train_worker_dies(
 def test_bad_columns_are_refused_before_training(shops_ds, tmp_path):
     with pytest.raises(DataError, match=r"column\(s\) \['price'\] not in the data"):
         train_segments(shops_ds, job(tmp_path, features=["x1", "price"]))
+    with pytest.raises(DataError, match=r"\['X1', 'x_2'\] not in the data; it has .*"
+                                        r"'X1': did you mean 'x1'\?; 'x_2': did you mean "
+                                        r"'x2'\? names are matched exactly"):
+        train_segments(shops_ds, job(tmp_path, features=["X1", "x_2"]))
     with pytest.raises(DataError, match="not numeric"):
         train_segments(shops_ds, job(tmp_path, target="color", features=["x1"]))
 

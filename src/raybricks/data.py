@@ -71,7 +71,7 @@ from raybricks.databricks import (
     in_databricks_runtime,
     unstable_workers,
 )
-from raybricks.errors import DataError, first_line
+from raybricks.errors import DataError, first_line, missing_columns
 from raybricks.segmented_model import KeyIndex, key_tuples
 from raybricks.sources import read_source
 
@@ -178,9 +178,7 @@ def select_and_filter(
         )
     missing = [c for c in wanted if c.lower() not in available]
     if missing:
-        raise DataError(
-            f"column(s) {missing} not in the table; it has {df.columns}"
-        )
+        raise DataError(missing_columns(missing, df.columns, "the table"))
     if where:
         try:
             df = df.where(where)

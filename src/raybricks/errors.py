@@ -7,6 +7,22 @@ def key_text(row, columns: list[str]) -> str:
     return ", ".join(f"{c}={row[c]!r}" for c in columns)
 
 
+def missing_columns(missing: list[str], names: list[str], where: str = "the data") -> str:
+    """The message for columns the config names that ``where`` lacks: its columns, and
+    for each missing one the column it likely meant (the same name in another case,
+    else the closest names)."""
+    import difflib
+
+    hints = []
+    for name in missing:
+        likely = [c for c in names if c.lower() == name.lower()] or \
+            difflib.get_close_matches(name, names, n=2, cutoff=0.75)
+        if likely:
+            hints.append(f"{name!r}: did you mean {' or '.join(map(repr, likely))}?")
+    return (f"column(s) {missing} not in {where}; it has {list(names)}"
+            + (f" ({'; '.join(hints)} names are matched exactly)" if hints else ""))
+
+
 def first_line(exc: BaseException) -> str:
     """The first line of ``exc``'s message, for a message of one line (its type's name
     when it says nothing)."""

@@ -19,7 +19,7 @@ import pyarrow as pa
 
 from raybricks import kinds
 from raybricks.config import CandidateConfig, JobConfig
-from raybricks.errors import DataError
+from raybricks.errors import DataError, missing_columns
 from raybricks.kinds import ForecastKind
 from raybricks.kinds.forecasting import future_times, times_of
 from raybricks.results import FAILED, TRAINED, keep_fallback
@@ -55,7 +55,7 @@ def forecast_plan(config: JobConfig, schema: pa.Schema, threads: int) -> Plan:
                                   *spec.static]
     missing = [c for c in needed if c not in schema.names]
     if missing:
-        raise DataError(f"column(s) {missing} not in the data; it has {schema.names}")
+        raise DataError(missing_columns(missing, schema.names))
     for column in [config.target, *spec.exogenous]:
         kind = schema.field(column).type
         if not (pa.types.is_integer(kind) or pa.types.is_floating(kind)

@@ -20,7 +20,7 @@ import pyarrow as pa
 from raybricks import kinds
 from raybricks.config import CandidateConfig, JobConfig
 from raybricks.data import segment_bounds
-from raybricks.errors import DataError
+from raybricks.errors import DataError, missing_columns
 from raybricks.kinds import ModelKind
 from raybricks.results import keep_fallback
 from raybricks.training import recipe
@@ -52,7 +52,7 @@ def table_plan(config: JobConfig, schema: pa.Schema, threads: int = 1) -> Plan:
         needed.append(config.time_column)
     missing = [c for c in needed if c not in names]
     if missing:
-        raise DataError(f"column(s) {missing} not in the data; it has {names}")
+        raise DataError(missing_columns(missing, names))
     exclude = set(config.segment_by) | {config.target}
     if config.time_column:
         exclude.add(config.time_column)
