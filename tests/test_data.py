@@ -336,17 +336,19 @@ def test_split_evenly_and_pack_pieces():
     assert data.pack_pieces(pieces, 6) == [["a1", "a2"], ["b1"], ["c1"]]
 
 
+@pytest.fixture(scope="class")
+def chunk_api(ray_on_spark, spark):
+    """The stand-in chunk API, Ray's workers importing it too (``TestChunksThroughRay``)."""
+    with standins.ray_job_with_standins(), spark_confs(spark, FIXED_ON_DEMAND):
+        from pyspark.databricks.sql import chunk
+
+        yield chunk
+        shutil.rmtree(chunk.STORE, ignore_errors=True)
+
+
 class TestChunksThroughRay:
     """The whole chunks path, with Ray workers importing the stand-in (a Ray job of their
     own, see tests.standins.ray_job_with_standins)."""
-
-    @pytest.fixture(scope="class")
-    def chunk_api(self, ray_on_spark, spark):
-        with standins.ray_job_with_standins(), spark_confs(spark, FIXED_ON_DEMAND):
-            from pyspark.databricks.sql import chunk
-
-            yield chunk
-            shutil.rmtree(chunk.STORE, ignore_errors=True)
 
     @staticmethod
     def assert_all_unpersisted(chunk_api, before: int) -> list:

@@ -132,8 +132,8 @@ class SklearnKind(ModelKind):
         extra = {}
         if "random_state" in accepted and "random_state" not in params:
             extra["random_state"] = seed
-        if "n_jobs" in accepted and "n_jobs" not in params:
-            extra["n_jobs"] = threads
+        if "n_jobs" in accepted and "n_jobs" not in params and threads > 1:
+            extra["n_jobs"] = threads  # one: its default (LogisticRegression warns of any)
         estimator = factory(**params, **extra)
         if task in CLASSIFICATION and not hasattr(estimator, "predict_proba"):
             raise ConfigError(
