@@ -483,12 +483,20 @@ def test_config_typos_are_refused_with_the_key_named(tmp_path):
         "trainig": {"resume": True}}))
     with pytest.raises(ConfigError) as error:
         JobConfig.load(config)
-    assert "models.0.parms: unknown key" in str(error.value)
-    assert "trainig: unknown key" in str(error.value)
+    assert "models.0.parms: unknown key (did you mean params?)" in str(error.value)
+    assert "trainig: unknown key (did you mean training?)" in str(error.value)
     fixed = config.read_text().replace("parms", "params").replace("trainig", "training")
     config.write_text(fixed)
-    with pytest.raises(ConfigError, match="training.resum: unknown key"):
+    with pytest.raises(ConfigError, match=r"training.resum: unknown key \(did you mean "
+                                          r"resume\?\)"):
         JobConfig.load(config, ["training.resum=false"])
+    with pytest.raises(ConfigError, match=r"forecast.hierarchy.methd: unknown key \(did "
+                                          r"you mean method\?\)"):
+        JobConfig.load(config, ["task=forecast", "time_column=day", "forecast.horizon=7",
+                                "forecast.frequency=D", "forecast.hierarchy.levels=[[a]]",
+                                "forecast.hierarchy.methd=bottom_up"])
+    with pytest.raises(ConfigError, match=r"bogus: unknown key \(check the spelling"):
+        JobConfig.load(config, ["bogus=1"])  # nothing close: the reference
 
 
 def test_awkward_keys_and_values_get_a_status_each_and_round_trip(

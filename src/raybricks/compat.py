@@ -98,20 +98,50 @@ else:
         return pydantic.Field(min_length=1, **constraints)
 
 
-def validation_problems(exc: pydantic.ValidationError, data: Any) -> list[tuple[str, str, Any]]:
-    """(key path, message, offending value or None) per problem, for both pydantic majors."""
+def validation_problems(exc: pydantic.ValidationError, data: Any, model: type | None = None
+                        ) -> list[tuple[str, str, Any]]:
+    """(key path, message, offending value or None) per problem, for both pydantic majors;
+    an unknown key with the closest key ``model`` takes there."""
+    import difflib
+
     problems = []
     for error in exc.errors():
         loc = [part for part in error["loc"] if part != "__root__"]
         kind = error["type"]
         if kind in ("extra_forbidden", "value_error.extra"):
-            message = "unknown key (check the spelling; see the config reference)"
+            close = difflib.get_close_matches(str(loc[-1]), known_keys(model, loc[:-1]),
+                                              n=1, cutoff=0.7) if loc and model else []
+            message = (f"unknown key (did you mean {close[0]}?)" if close else
+                       "unknown key (check the spelling; see the config reference)")
         else:
             message = error["msg"].removeprefix("Value error, ")
         value = None if kind in ("missing", "value_error.missing") else error.get(
             "input", _value_at(data, loc))
         problems.append((".".join(str(part) for part in loc), message, value))
     return problems
+
+
+def known_keys(model: type, path: list) -> list[str]:
+    """The keys the config model ``model`` takes at ``path`` (its sections' and lists'
+    models followed); none where the path leaves the models."""
+    import typing
+
+    for part in path:
+        if isinstance(part, int):
+            continue  # an item of a list: its model is the list's
+        fields = (model.__fields__ if PYDANTIC_V1 else model.model_fields)
+        if part not in fields:
+            return []
+        field = fields[part]
+        annotation = field.outer_type_ if PYDANTIC_V1 else field.annotation
+        inner = [annotation]
+        while inner and not (isinstance(inner[0], type)
+                             and issubclass(inner[0], pydantic.BaseModel)):
+            inner = [*inner[1:], *typing.get_args(inner[0])]
+        if not inner:
+            return []
+        model = inner[0]
+    return list(model.__fields__ if PYDANTIC_V1 else model.model_fields)
 
 
 def _value_at(data: Any, loc: list) -> Any:

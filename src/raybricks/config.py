@@ -713,7 +713,7 @@ class JobConfig(StrictModel):
         try:
             return cls.model_validate(data)
         except ValidationError as exc:
-            raise ConfigError(format_validation_error(exc, data)) from None
+            raise ConfigError(format_validation_error(exc, data, cls)) from None
 
 
 def check_table_kinds(self: JobConfig) -> None:
@@ -815,10 +815,12 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
     return data
 
 
-def format_validation_error(exc: ValidationError, data: object = None) -> str:
-    """One line per problem: the key path, what is wrong, and the bad value."""
+def format_validation_error(exc: ValidationError, data: object = None,
+                            model: type | None = None) -> str:
+    """One line per problem: the key path, what is wrong, and the bad value (``model``:
+    the config model validated, whose keys an unknown one is matched with)."""
     lines = ["invalid job config:"]
-    for path, message, value in validation_problems(exc, data):
+    for path, message, value in validation_problems(exc, data, model):
         shown = "" if value is None or isinstance(value, dict) else f" (got {value!r})"
         lines.append(f"  {path or '(top level)'}: {message}{shown}")
     return "\n".join(lines)
