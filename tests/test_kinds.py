@@ -116,6 +116,27 @@ def test_a_users_kind_by_import_path_is_checked_before_any_cluster():
         CandidateConfig(name="x", kind="tests.helpers.shops")
 
 
+def test_a_users_kind_without_a_name_is_stored_under_its_import_path(tmp_path):
+    """The README's kind sets no ``name``: its members (here a lag model forecasting a
+    series) are stored under its import path, and load from the stored rows."""
+    from raybricks.training.forecast.backtest import train_series
+    from tests.test_forecast import HORIZON, plan_for, series
+
+    path = "tests.userkinds.Unnamed"
+    assert kinds.resolve(path).name == path
+    data = series("a", 30 + np.sin(np.arange(60.0)))
+    plan = plan_for(data, tmp_path, models=[{"name": "ols", "kind": path}],
+                    forecast={"horizon": HORIZON, "frequency": "D", "lags": [1, 7]})
+    row, members = train_series(data, ("a",), plan)
+    assert row.as_row(plan)["status"] == "trained"
+    stored = [m for m in members if m["candidate"] == "ols"]
+    assert stored and {m["kind"] for m in stored} == {f"lags:{path}"}
+    model = SegmentModel.from_rows(stored)
+    future = pd.DataFrame({"store": "a", "day": pd.date_range(
+        data.day.max() + pd.Timedelta(days=1), periods=HORIZON)})
+    assert np.isfinite(model.predict(future)).all()
+
+
 @pytest.mark.parametrize(("kind", "params", "search", "message"), [
     ("lightgbm", {"n_estimator": 50}, {},
      r"LightGBM has no parameter n_estimator \(did you mean n_estimators\?\)"),

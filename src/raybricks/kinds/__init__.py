@@ -72,6 +72,8 @@ def resolve(kind: str) -> type[StoredKind]:
     if not (isinstance(found, type) and hasattr(found, "load")
             and hasattr(found, "predict_loaded")):
         raise ValueError(f"kind {kind!r} is not a ModelKind subclass ({found!r})")
+    if not found.name:  # stored members name their kind: its import path finds it again
+        found.name = kind
     return found
 
 
