@@ -87,6 +87,10 @@ def test_score_refuses_input_without_features_and_unknown_models(spark, champion
     df = spark.createDataFrame(scoring_input().drop(columns=["x1"]))
     with pytest.raises(DataError, match=r"missing column\(s\) \['x1'\]"):
         scoring.score(uri, df, spark=spark)
+    renamed = spark.createDataFrame(scoring_input().rename(columns={"x1": "X1"}))
+    with pytest.raises(DataError, match=r"\['x1'\].*\('x1': did you mean 'X1'\? names are "
+                                        r"matched exactly\)"):
+        scoring.score(uri, renamed, spark=spark)
     with pytest.raises(RaybricksError, match="cannot load model"):
         scoring.score("models:/tests.no.such.model@champion", df, spark=spark)
 

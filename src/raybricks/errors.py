@@ -9,18 +9,11 @@ def key_text(row, columns: list[str]) -> str:
 
 def missing_columns(missing: list[str], names: list[str], where: str = "the data") -> str:
     """The message for columns the config names that ``where`` lacks: its columns, and
-    for each missing one the column it likely meant (the same name in another case,
-    else the closest names)."""
-    import difflib
+    for each missing one the column it likely meant (``segmented_model.column_hints``)."""
+    from raybricks.segmented_model import column_hints
 
-    hints = []
-    for name in missing:
-        likely = [c for c in names if c.lower() == name.lower()] or \
-            difflib.get_close_matches(name, names, n=2, cutoff=0.75)
-        if likely:
-            hints.append(f"{name!r}: did you mean {' or '.join(map(repr, likely))}?")
     return (f"column(s) {missing} not in {where}; it has {list(names)}"
-            + (f" ({'; '.join(hints)} names are matched exactly)" if hints else ""))
+            f"{column_hints(missing, names)}")
 
 
 def first_line(exc: BaseException) -> str:
