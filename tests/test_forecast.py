@@ -156,6 +156,19 @@ def test_forecast_output_needs_the_logged_model(tmp_path):
         check_job(config, register=False)
 
 
+@pytest.mark.parametrize(("estimator", "likely"), [("AutoEts", "AutoETS"),
+                                                    ("AutoArim", "AutoARIMA")])
+def test_a_misspelt_statsforecast_model_is_named_with_the_likely_one(tmp_path, estimator,
+                                                                    likely):
+    from raybricks.pipeline import check_job
+
+    config = forecast_job(tmp_path, models=[{"name": "m", "kind": "statsforecast",
+                                             "estimator": estimator}])
+    with pytest.raises(ConfigError, match=rf"has no model '{estimator}' \(did you mean "
+                                          rf"{likely}\b"):
+        check_job(config, register=False)
+
+
 def test_backtest_belongs_to_task_forecast(tmp_path):
     with pytest.raises(ConfigError, match="validation.method=backtest is the validation"):
         JobConfig.from_dict({"source": {"table": "t"}, "segment_by": ["s"], "target": "y",

@@ -25,7 +25,14 @@ def model_class(estimator: str) -> type:
     try:
         return getattr(statsforecast.models, estimator)
     except AttributeError:
-        raise ValueError(f"statsforecast.models has no model {estimator!r}") from None
+        import difflib
+
+        models = {name.lower(): name for name in dir(statsforecast.models)
+                  if name[:1].isupper()}
+        likely = [models[m] for m in difflib.get_close_matches(estimator.lower(), models,
+                                                                n=2, cutoff=0.7)]
+        raise ValueError(f"statsforecast.models has no model {estimator!r}" + (
+            f" (did you mean {' or '.join(likely)}?)" if likely else "")) from None
 
 
 #: The models this process has run once (``StatsForecastKind.warm_up``).
@@ -48,11 +55,15 @@ class StatsForecastKind(ForecastKind):
 
         try:
             model_class(self.candidate.estimator)(**self.candidate.params)
-        except Exception as exc:  # noqa: BLE001 - an import or an argument
+        except ImportError as exc:
+            raise ConfigError(f"models[{self.candidate.name}]: kind statsforecast needs "
+                              f"statsforecast ({exc}): pip install 'raybricks[forecast]'"
+                              ) from exc
+        except Exception as exc:  # noqa: BLE001 - a model or an argument
             raise ConfigError(
                 f"models[{self.candidate.name}]: statsforecast model "
                 f"{self.candidate.estimator} with {self.candidate.params} cannot be built: "
-                f"{exc} (is raybricks[forecast] installed?)") from exc
+                f"{exc}") from exc
 
     def warm_up(self) -> None:
         """Import the model and run it once, per process, on a short made-up series:
