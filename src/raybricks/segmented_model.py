@@ -462,12 +462,11 @@ def missing_columns(columns, segment_by: list[str], features: list[str]) -> str 
 def column_hints(missing: list[str], columns) -> str:
     """For the missing columns, those of ``columns`` they likely are (the same name in
     another case, else the closest names): `` ('x': did you mean 'X'? ...)``, or ''."""
-    import difflib
+    from raybricks.kinds.base import likely_names
 
     columns, hints = list(columns), []
     for name in missing:
-        likely = [c for c in columns if c.lower() == name.lower()] or \
-            difflib.get_close_matches(name, columns, n=2, cutoff=0.75)
+        likely = likely_names(name, columns)
         if likely:
             hints.append(f"{name!r}: did you mean {' or '.join(map(repr, likely))}?")
     return f" ({'; '.join(hints)} names are matched exactly)" if hints else ""

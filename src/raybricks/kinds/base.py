@@ -19,7 +19,7 @@ import functools
 import importlib
 import inspect
 import pickle
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, ClassVar, Required, TypedDict
 
 import numpy as np
@@ -193,6 +193,19 @@ def accepted_parameters(factory: Any) -> frozenset[str]:
         return frozenset()
 
 
+def likely_names(name: str, names: Iterable[str], n: int = 2) -> list[str]:
+    """The ``names`` a misspelt ``name`` likely meant: the same name in another case, else
+    the closest (case aside); what raybricks' "did you mean" messages offer."""
+    import difflib
+
+    lowered: dict[str, str] = {}
+    for known in names:
+        lowered.setdefault(known.lower(), known)
+    same = [known for known in names if known.lower() == name.lower()]
+    return same or [lowered[m] for m in difflib.get_close_matches(
+        name.lower(), list(lowered), n=n, cutoff=0.75)]
+
+
 def candidate_settings(candidate: Any) -> list[dict[str, Any]]:
     """The settings a kind's ``check`` validates: the candidate's ``params``, then each
     value of its search space over them (a list value by value, a range at both ends)."""
@@ -209,13 +222,11 @@ def unknown_parameters(candidate: Any, unknown: set[str], known: set[str], libra
                        reference: str) -> Exception:
     """The ConfigError for the parameters of ``candidate`` that ``library`` does not take,
     each with the closest names it does (``known``)."""
-    import difflib
-
     from raybricks.errors import ConfigError
 
     named = []
     for name in sorted(unknown):
-        close = difflib.get_close_matches(name, sorted(known), n=2, cutoff=0.8)
+        close = likely_names(name, sorted(known))
         named.append(name + (f" (did you mean {' or '.join(close)}?)" if close else ""))
     return ConfigError(f"models[{candidate.name}]: {library} has no parameter "
                        f"{', '.join(named)}: correct its name in params or search "

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from .base import import_object
+from .base import import_object, likely_names
 from .forecasting import TARGET, ForecastKind
 
 
@@ -25,12 +25,8 @@ def model_class(estimator: str) -> type:
     try:
         return getattr(statsforecast.models, estimator)
     except AttributeError:
-        import difflib
-
-        models = {name.lower(): name for name in dir(statsforecast.models)
-                  if name[:1].isupper()}
-        likely = [models[m] for m in difflib.get_close_matches(estimator.lower(), models,
-                                                                n=2, cutoff=0.7)]
+        models = [name for name in dir(statsforecast.models) if name[:1].isupper()]
+        likely = likely_names(estimator, models)
         raise ValueError(f"statsforecast.models has no model {estimator!r}" + (
             f" (did you mean {' or '.join(likely)}?)" if likely else "")) from None
 
