@@ -140,7 +140,13 @@ import mlflow, pandas as pd
 model = mlflow.pyfunc.load_model("models:/tests.shops.model@champion")
 frame = pd.read_parquet({str(tmp_path / 'input.parquet')!r})
 model.predict(frame).to_frame().to_parquet({str(tmp_path / 'out.parquet')!r})
+try:  # a column in another case: refused, naming it (MLflow's schema check, or ours)
+    model.predict(frame.rename(columns={{"x1": "X1"}}))
+except Exception as exc:
+    open({str(tmp_path / 'refused.txt')!r}, "w").write(type(exc).__name__ + ": " + str(exc))
 """)
+    refused = (tmp_path / "refused.txt").read_text()
+    assert "x1" in refused and "ModuleNotFoundError" not in refused, refused
     predicted = pd.read_parquet(tmp_path / "out.parquet")["prediction"].to_numpy()
     for store in ["s0", "s5"]:
         rows = (frame.store == store).to_numpy()

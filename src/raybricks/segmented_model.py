@@ -462,11 +462,9 @@ def missing_columns(columns, segment_by: list[str], features: list[str]) -> str 
 def column_hints(missing: list[str], columns) -> str:
     """For the missing columns, those of ``columns`` they likely are (the same name in
     another case, else the closest names): `` ('x': did you mean 'X'? ...)``, or ''."""
-    from raybricks.kinds.base import likely_names
-
     columns, hints = list(columns), []
     for name in missing:
-        likely = likely_names(name, columns)
+        likely = kinds.likely_names(name, columns)  # the shipped copy, where consumed
         if likely:
             hints.append(f"{name!r}: did you mean {' or '.join(map(repr, likely))}?")
     return f" ({'; '.join(hints)} names are matched exactly)" if hints else ""

@@ -26,6 +26,7 @@ from .base import (
     filled_input,
     frame_input,
     import_object,
+    likely_names,
     prepare_features,
     to_float,
 )
@@ -138,6 +139,7 @@ def ship(stored: Iterable[str], directory: Path) -> list[str]:
 
 __all__ = [
     "BUILTIN", "CLASSIFICATION", "ForecastKind", "ModelKind", "filled_input", "forecaster",
-    "forecaster_kind", "frame_input", "import_object", "of", "prepare_features", "resolve",
+    "forecaster_kind", "frame_input", "import_object", "likely_names", "of",
+    "prepare_features", "resolve",
     "pretrained", "ship", "StoredKind", "to_float",
 ]
