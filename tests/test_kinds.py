@@ -161,7 +161,8 @@ def test_a_misspelt_booster_parameter_is_refused_before_any_cluster(tmp_path, ki
     valid = {"lightgbm": {"n_estimators": 20, "num_leaves": 7, "min_data_in_leaf": 5,
                           "subsample": 0.8, "lambda_l2": 1.0},
              "xgboost": {"n_estimators": 20, "eta": 0.1, "max_depth": 3, "device": "cpu",
-                         "min_child_weight": 2, "tree_method": "hist"},
+                         "min_child_weight": 2, "tree_method": "hist",
+                         "monotone_constraints": {"x1": 1}},  # names the data's columns
              "catboost": {"iterations": 20, "depth": 4, "l2_leaf_reg": 3}}[kind]
     good = {"name": "m", "kind": kind, "params": valid,
             "search": {next(iter(valid)): [10, 30]}}

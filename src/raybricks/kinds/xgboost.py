@@ -16,8 +16,10 @@ OBJECTIVES = {"regression": "reg:squarederror", "binary": "binary:logistic",
 REFERENCE = "https://xgboost.readthedocs.io/en/stable/parameter.html"
 #: How XGBoost warns of parameters it does not use.
 UNUSED = re.compile(r"Parameters: \{ (.*) \} are not used", re.S)
-#: Set by the task at fit (the job's task), not checked on a booster without one.
-TASK_PARAMS = ("objective", "num_class", "eval_metric")
+#: Not checked on a booster of four made-up rows: set by the job's task at fit, or naming
+#: the data's features.
+UNCHECKED = ("objective", "num_class", "eval_metric", "interaction_constraints",
+             "monotone_constraints", "feature_weights", "feature_types", "feature_names")
 VALIDATION_METRICS = {"regression": "rmse", "binary": "logloss", "multiclass": "mlogloss"}
 
 
@@ -61,7 +63,7 @@ class XGBoostKind(ModelKind):
         for setting in candidate_settings(self.candidate):
             booster = {name: value for name, value in
                        xgb.XGBRegressor(**setting).get_xgb_params().items()
-                       if name not in TASK_PARAMS}
+                       if name not in UNCHECKED}
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
                 try:
@@ -69,6 +71,8 @@ class XGBoostKind(ModelKind):
                 except xgb.core.XGBoostError as exc:
                     raise ConfigError(f"models[{self.candidate.name}]: {setting} is not a "
                                       f"valid setting of XGBoost: {first_line(exc)}") from None
+                except Exception:  # noqa: BLE001, S112 - needs the data: the fit will tell
+                    continue
             for warning in caught:
                 found = UNUSED.search(str(warning.message))
                 unused |= set(re.findall(r'"([^"]+)"', found.group(1))) if found else set()
