@@ -114,6 +114,11 @@ def test_a_users_kind_by_import_path_is_checked_before_any_cluster():
         CandidateConfig(name="x", kind="tests.userkinds.Nope")
     with pytest.raises(ValueError, match="is not a ModelKind subclass"):
         CandidateConfig(name="x", kind="tests.helpers.shops")
+    with pytest.raises(ValueError, match=r"did you mean tests.userkinds.LeastSquares\?"):
+        CandidateConfig(name="x", kind="tests.userkinds.LeastSquare")
+    with pytest.raises(ConfigError, match=r"did you mean sklearn.linear_model.Ridge\b"):
+        kinds.of(CandidateConfig(name="r", kind="sklearn",
+                                 estimator="sklearn.linear_model.Ridg")).check()
 
 
 def test_a_users_kind_without_a_name_is_stored_under_its_import_path(tmp_path):

@@ -172,11 +172,16 @@ def import_object(path: str) -> Any:
     """Import ``package.module.name``; a clear error (ConfigError inside raybricks) when
     it does not exist."""
     module_name, _, attribute = path.rpartition(".")
+    module = None
     try:
-        return getattr(importlib.import_module(module_name), attribute)
+        module = importlib.import_module(module_name)
+        return getattr(module, attribute)
     except (ImportError, AttributeError, ValueError) as exc:
-        message = (f"cannot import {path!r} ({exc}): give a full import path such as "
-                   "sklearn.linear_model.Ridge")
+        likely = likely_names(attribute, [n for n in dir(module) if not n.startswith("_")]
+                              ) if module is not None else []
+        message = (f"cannot import {path!r} ({exc}): " + (
+            f"did you mean {' or '.join(f'{module_name}.{n}' for n in likely)}?" if likely
+            else "give a full import path such as sklearn.linear_model.Ridge"))
         try:
             from raybricks.errors import ConfigError
         except ImportError:  # a consumer of the registered model
