@@ -77,6 +77,13 @@ def test_yaml_and_overrides(tmp_path):
     assert config.cluster.max_worker_nodes == 2
     assert config.segment_by == ["store", "item"]
     assert config.models[0].params == {"n_estimators": 50}
+    # a candidate by its name or its index
+    tuned = JobConfig.load(path, ["models.lgbm.params.num_leaves=7",
+                                  "models.0.params.n_estimators=80"])
+    assert tuned.models[0].params == {"n_estimators": 80, "num_leaves": 7}
+    with pytest.raises(ConfigError, match=r"no entry 'xgb' here: give an entry's name "
+                                          r"\(lgbm\) or its index, 0 to 0"):
+        JobConfig.load(path, ["models.xgb.params.max_depth=3"])
     with pytest.raises(ConfigError, match="must look like key.sub=value"):
         JobConfig.load(path, ["validation.fraction"])
     with pytest.raises(ConfigError, match="not found"):

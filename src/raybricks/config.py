@@ -11,7 +11,7 @@ import hashlib
 import json
 from datetime import date
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import yaml
 from pydantic import ByteSize, Field, PositiveInt, ValidationError
@@ -805,14 +805,36 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
         if "=" not in item:
             raise ConfigError(f"--set {item!r} must look like key.sub=value")
         key, raw = item.split("=", 1)
-        node = data
-        parts = key.strip().split(".")
-        for part in parts[:-1]:
-            node = node.setdefault(part, {})
-            if not isinstance(node, dict):
-                raise ConfigError(f"--set {item!r}: {part!r} is not a section")
-        node[parts[-1]] = yaml.safe_load(raw)
+        *path, last = key.strip().split(".")
+        node: Any = data
+        for part in path:
+            node = override_section(node, part, item)
+        node[entry_index(node, last, item) if isinstance(node, list) else last] = \
+            yaml.safe_load(raw)
     return data
+
+
+def override_section(node: Any, part: str, item: str) -> Any:
+    """The section ``part`` of ``node`` that ``--set item`` goes into (made where missing);
+    in a list (``models``), its entry named ``part``, or at index ``part``."""
+    node = node[entry_index(node, part, item)] if isinstance(node, list) else \
+        node.setdefault(part, {})
+    if not isinstance(node, (dict, list)):
+        raise ConfigError(f"--set {item!r}: {part!r} is not a section")
+    return node
+
+
+def entry_index(entries: list, part: str, item: str) -> int:
+    """Which entry of a list ``part`` names for ``--set item``: by its ``name``, or its
+    index."""
+    names = [entry.get("name") if isinstance(entry, dict) else None for entry in entries]
+    if part in names:
+        return names.index(part)
+    if part.isdigit() and int(part) < len(entries):
+        return int(part)
+    raise ConfigError(f"--set {item!r}: no entry {part!r} here: give an entry's name "
+                      f"({', '.join(str(n) for n in names)}) or its index, 0 to "
+                      f"{len(entries) - 1}")
 
 
 def format_validation_error(exc: ValidationError, data: object = None,
