@@ -206,6 +206,21 @@ def test_empty_input_and_empty_filter_are_errors(ray_on_spark, sales):
         to_ray_dataset(sales, ["store"], where="no_such_column > 1")
 
 
+def test_a_misspelt_table_is_named_with_the_likely_one(spark):
+    from raybricks.sources import read_source
+
+    spark.createDataFrame([(1, 2.0)], "store int, units double").write.mode(
+        "overwrite").saveAsTable("default.hint_units")
+    try:
+        with pytest.raises(DataError, match=r"'default.hint_unit' not found .*: did you "
+                                            r"mean default.hint_units\?"):
+            read_source("default.hint_unit", spark)
+        with pytest.raises(DataError, match=r"not found .*: check the name"):
+            read_source("no_such_schema.hint_units", spark)  # nothing to list there
+    finally:
+        spark.sql("DROP TABLE IF EXISTS default.hint_units")
+
+
 def test_missing_table_and_impossible_strategies(ray_on_spark, sales):
     with pytest.raises(DataError, match="table 'nope.nothing' not found"):
         to_ray_dataset("nope.nothing", ["store"])

@@ -55,10 +55,25 @@ def _read_table(name: str, spark: SparkSession | None) -> DataFrame:
     try:
         return spark.table(name)
     except AnalysisException as exc:
+        likely = likely_tables(spark, name)
         raise SourceNotFound(
-            f"table {name!r} not found ({first_line(exc)}): check the name "
-            "(catalog.schema.table) and that it exists, e.g. with SHOW TABLES"
+            f"table {name!r} not found ({first_line(exc)}): " + (
+                f"did you mean {' or '.join(likely)}?" if likely else "check the name "
+                "(catalog.schema.table) and that it exists, e.g. with SHOW TABLES")
         ) from exc
+
+
+def likely_tables(spark: SparkSession, name: str) -> list[str]:
+    """The tables of ``name``'s schema that a misspelt ``name`` likely meant (none where
+    the schema cannot be listed)."""
+    from raybricks.kinds import likely_names
+
+    schema, _, table = name.rpartition(".")
+    try:
+        tables = [t.name for t in spark.catalog.listTables(schema or None)]
+    except Exception:  # noqa: BLE001 - no such schema, no permission: no hint
+        return []
+    return [f"{schema}.{t}" if schema else t for t in likely_names(table, tables)]
 
 
 def segment_files(source: SourceConfig, spark: SparkSession | None) -> SegmentFiles:
