@@ -84,6 +84,20 @@ def test_train_command_reports_config_errors_without_starting_anything(tmp_path)
     assert "models:" in result.stderr
 
 
+def test_a_misspelt_verb_is_named_with_the_likely_one(capsys):
+    from raybricks.cli import build_parser
+
+    with pytest.raises(SystemExit) as exited:
+        build_parser().parse_args(["valdate", "--config", "job.yml"])
+    assert exited.value.code == 2
+    error = capsys.readouterr().err.replace("\n", " ")
+    assert "invalid choice: 'valdate'" in error and error.rstrip().endswith(
+        "did you mean validate?")
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["frobnicate"])
+    assert "did you mean" not in capsys.readouterr().err  # nothing close
+
+
 VALIDATED_JOB = """
 source: {{path: "{source}", format: parquet}}
 segment_by: [store]

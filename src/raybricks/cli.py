@@ -23,6 +23,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import NoReturn
 
 from raybricks import console
 from raybricks.console import say
@@ -280,8 +281,25 @@ VERBS = {
 }
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse's parser, whose "invalid choice" (a verb, a flag's value) names the
+    choice it likely meant."""
+
+    def error(self, message: str) -> NoReturn:
+        import re
+
+        from raybricks.kinds import likely_names
+
+        found = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
+        if found:
+            choices = [c.strip(" '") for c in found.group(2).split(",")]
+            likely = likely_names(found.group(1), choices, n=1)
+            message += f": did you mean {likely[0]}?" if likely else ""
+        super().error(message)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="raybricks", description="Train one model per segment with Ray on Spark."
     )
     verbs = parser.add_subparsers(dest="verb", required=True)
