@@ -224,6 +224,10 @@ def test_a_series_whose_models_cannot_forecast_is_reported_with_its_error(tmp_pa
                      ignore_index=True)
     plan = plan_for(data, tmp_path, models=FAST)
     own, rows, members = OwnForecast(plan), [], []
+    try:  # pandas' error for the stored date below (its type and words vary by version)
+        pd.Timestamp("not a date")
+    except ValueError as exc:
+        refused = f"{type(exc).__name__}: "
     for store in ("good", "bad"):
         row, made = train_series(data[data.store == store], (store,), plan)
         assert row.as_row(plan)["status"] == "trained"
@@ -237,7 +241,8 @@ def test_a_series_whose_models_cannot_forecast_is_reported_with_its_error(tmp_pa
         if store == "good":
             assert all(len(m["base"]) == HORIZON and "base_error" not in m for m in metas)
         else:
-            assert all("base" not in m and "not a date" in m["base_error"] for m in metas)
+            assert all("base" not in m and m["base_error"].startswith(refused)
+                       for m in metas)
         rows.append({"store": store})
         members += [{"store": store, "meta": m["meta"]} for m in added]
     for folder, table in (("results", rows), ("models", members)):
@@ -247,7 +252,7 @@ def test_a_series_whose_models_cannot_forecast_is_reported_with_its_error(tmp_pa
     keys, base, _, errors = own_forecasts(result, HORIZON)
     assert keys.column("store").to_pylist() == ["good", "bad"]
     assert np.isfinite(base[0]).all() and np.isnan(base[1]).all()
-    assert len(errors) == 1 and errors[0].startswith("store='bad': ")
+    assert len(errors) == 1 and errors[0].startswith(f"store='bad': {refused}")
     described = Reconciled(1, 2, 1, 0, ("bottom_up",), tuple(errors)).describe()
     assert "1 series without a forecast" in described and "store='bad': " in described
 

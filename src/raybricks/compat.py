@@ -133,7 +133,7 @@ def known_keys(model: type, path: list) -> list[str]:
         if part not in fields:
             return []
         field = fields[part]
-        annotation = field.outer_type_ if PYDANTIC_V1 else field.annotation
+        annotation = field.type_ if PYDANTIC_V1 else field.annotation  # v1: the items
         inner = [annotation]
         while inner and not (isinstance(inner[0], type)
                              and issubclass(inner[0], pydantic.BaseModel)):
