@@ -98,3 +98,41 @@ def test_runtimes_table_is_written_from_the_records_and_checked(tmp_path, monkey
     text = doc.read_text()
     assert text.startswith("intro\n") and text.endswith("rest\n")
     assert "| DBR 15.4 | 3.11 |" in text and "| 1 failed |" in text
+
+
+def documented_rows() -> dict[str, dict[str, str]]:
+    """docs/databricks.md's runtimes table: each row's package versions by column."""
+    table = load("table")
+    text = table.DOC.read_text().split(table.START, 1)[1].split(table.END, 1)[0]
+    rows = [[cell.strip() for cell in line.strip("|").split("|")]
+            for line in text.strip().splitlines()[2:]]
+    return {cells[0]: dict(zip(table.COLUMNS, cells[2:], strict=False)) for cells in rows}
+
+
+def locked_versions() -> dict[str, set[str]]:
+    lock = tomllib.loads((ROOT / "uv.lock").read_text())
+    versions: dict[str, set[str]] = {}
+    for package in lock["package"]:
+        versions.setdefault(canonicalize_name(package["name"]), set()).add(package["version"])
+    return versions
+
+
+def test_the_docs_table_names_the_versions_the_lock_and_the_profiles_hold():
+    """The table is rewritten from CI's runs (`make runtimes-table`); this catches, at once,
+    a lock refresh or a profile change that the table does not show yet."""
+    rows = documented_rows()
+    newest = next(cells for name, cells in rows.items() if name.startswith("newest"))
+    locked = locked_versions()
+    for column, version in newest.items():
+        assert version in locked.get(canonicalize_name(column), set()), (
+            f"the table's newest row has {column} {version}; uv.lock holds "
+            f"{sorted(locked.get(canonicalize_name(column), []))}: run `make runtimes-table`")
+    for profile in PROFILES:
+        env = load("table").profile_env(profile)
+        # the runtime's Spark (its constraints list databricks-connect's pyspark, masked)
+        runtime = runtime_versions(profile) | {"pyspark": env["SPARK"]}
+        name = f"DBR {env['RUNTIME']}"
+        for column, version in rows[name].items():
+            pinned = runtime.get(canonicalize_name(column))
+            assert pinned in (None, version), (
+                f"the table's {name} row has {column} {version}; the profile pins {pinned}")
