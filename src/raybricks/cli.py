@@ -288,13 +288,13 @@ class Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         import re
 
-        from raybricks.kinds import likely_names
+        from raybricks.kinds import did_you_mean
 
         found = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
         if found:
             choices = [c.strip(" '") for c in found.group(2).split(",")]
-            likely = likely_names(found.group(1), choices, n=1)
-            message += f": did you mean {likely[0]}?" if likely else ""
+            hint = did_you_mean(found.group(1), choices, n=1)
+            message += f": {hint}" if hint else ""
         super().error(message)
 
 

@@ -102,17 +102,16 @@ def validation_problems(exc: pydantic.ValidationError, data: Any, model: type | 
                         ) -> list[tuple[str, str, Any]]:
     """(key path, message, offending value or None) per problem, for both pydantic majors;
     an unknown key with the closest key ``model`` takes there."""
-    from raybricks.kinds.base import likely_names
+    from raybricks.kinds.base import did_you_mean
 
     problems = []
     for error in exc.errors():
         loc = [part for part in error["loc"] if part != "__root__"]
         kind = error["type"]
         if kind in ("extra_forbidden", "value_error.extra"):
-            close = likely_names(str(loc[-1]), known_keys(model, loc[:-1]), n=1) \
-                if loc and model else []
-            message = (f"unknown key (did you mean {close[0]}?)" if close else
-                       "unknown key (check the spelling; see the config reference)")
+            hint = did_you_mean(str(loc[-1]), known_keys(model, loc[:-1]), n=1) \
+                if loc and model else ""
+            message = (f"unknown key ({hint or 'check the spelling; see the config reference'})")
         else:
             message = error["msg"].removeprefix("Value error, ")
         value = None if kind in ("missing", "value_error.missing") else error.get(

@@ -464,9 +464,9 @@ def column_hints(missing: list[str], columns) -> str:
     another case, else the closest names): `` ('x': did you mean 'X'? ...)``, or ''."""
     columns, hints = list(columns), []
     for name in missing:
-        likely = kinds.likely_names(name, columns)  # the shipped copy, where consumed
-        if likely:
-            hints.append(f"{name!r}: did you mean {' or '.join(map(repr, likely))}?")
+        hint = kinds.did_you_mean(name, columns, shown=repr)  # the shipped copy, if consumed
+        if hint:
+            hints.append(f"{name!r}: {hint}")
     return f" ({'; '.join(hints)} names are matched exactly)" if hints else ""
 
 

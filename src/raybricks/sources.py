@@ -55,25 +55,24 @@ def _read_table(name: str, spark: SparkSession | None) -> DataFrame:
     try:
         return spark.table(name)
     except AnalysisException as exc:
-        likely = likely_tables(spark, name)
         raise SourceNotFound(
             f"table {name!r} not found ({first_line(exc)}): " + (
-                f"did you mean {' or '.join(likely)}?" if likely else "check the name "
-                "(catalog.schema.table) and that it exists, e.g. with SHOW TABLES")
+                likely_table(spark, name) or "check the name (catalog.schema.table) and "
+                "that it exists, e.g. with SHOW TABLES")
         ) from exc
 
 
-def likely_tables(spark: SparkSession, name: str) -> list[str]:
-    """The tables of ``name``'s schema that a misspelt ``name`` likely meant (none where
-    the schema cannot be listed)."""
-    from raybricks.kinds import likely_names
+def likely_table(spark: SparkSession, name: str) -> str:
+    """``did you mean ...?`` with the tables of ``name``'s schema that a misspelt ``name``
+    likely meant ('' where none is close or the schema cannot be listed)."""
+    from raybricks.kinds import did_you_mean
 
     schema, _, table = name.rpartition(".")
     try:
         tables = [t.name for t in spark.catalog.listTables(schema or None)]
     except Exception:  # noqa: BLE001 - no such schema, no permission: no hint
-        return []
-    return [f"{schema}.{t}" if schema else t for t in likely_names(table, tables)]
+        return ""
+    return did_you_mean(table, tables, shown=f"{schema}.{{}}".format if schema else str)
 
 
 def segment_files(source: SourceConfig, spark: SparkSession | None) -> SegmentFiles:

@@ -23,10 +23,10 @@ from .base import (
     CLASSIFICATION,
     ModelKind,
     StoredKind,
+    did_you_mean,
     filled_input,
     frame_input,
     import_object,
-    likely_names,
     prepare_features,
     to_float,
 )
@@ -139,7 +139,7 @@ def ship(stored: Iterable[str], directory: Path) -> list[str]:
 
 __all__ = [
     "BUILTIN", "CLASSIFICATION", "ForecastKind", "ModelKind", "filled_input", "forecaster",
-    "forecaster_kind", "frame_input", "import_object", "likely_names", "of",
+    "did_you_mean", "forecaster_kind", "frame_input", "import_object", "of",
     "prepare_features", "resolve",
     "pretrained", "ship", "StoredKind", "to_float",
 ]

@@ -177,11 +177,10 @@ def import_object(path: str) -> Any:
         module = importlib.import_module(module_name)
         return getattr(module, attribute)
     except (ImportError, AttributeError, ValueError) as exc:
-        likely = likely_names(attribute, [n for n in dir(module) if not n.startswith("_")]
-                              ) if module is not None else []
-        message = (f"cannot import {path!r} ({exc}): " + (
-            f"did you mean {' or '.join(f'{module_name}.{n}' for n in likely)}?" if likely
-            else "give a full import path such as sklearn.linear_model.Ridge"))
+        hint = did_you_mean(attribute, [n for n in dir(module) if not n.startswith("_")],
+                            shown=f"{module_name}.{{}}".format) if module is not None else ""
+        message = (f"cannot import {path!r} ({exc}): "
+                   + (hint or "give a full import path such as sklearn.linear_model.Ridge"))
         try:
             from raybricks.errors import ConfigError
         except ImportError:  # a consumer of the registered model
@@ -211,6 +210,14 @@ def likely_names(name: str, names: Iterable[str], n: int = 2) -> list[str]:
         name.lower(), list(lowered), n=n, cutoff=0.75)]
 
 
+def did_you_mean(name: str, names: Iterable[str], n: int = 2,
+                 shown: Callable[[str], str] = str) -> str:
+    """``did you mean A or B?`` with the ``names`` a misspelt ``name`` likely meant (each
+    as ``shown`` writes it), or '' when none is close."""
+    likely = likely_names(name, names, n=n)
+    return f"did you mean {' or '.join(map(shown, likely))}?" if likely else ""
+
+
 def candidate_settings(candidate: Any) -> list[dict[str, Any]]:
     """The settings a kind's ``check`` validates: the candidate's ``params``, then each
     value of its search space over them (a list value by value, a range at both ends)."""
@@ -231,8 +238,8 @@ def unknown_parameters(candidate: Any, unknown: set[str], known: set[str], libra
 
     named = []
     for name in sorted(unknown):
-        close = likely_names(name, sorted(known))
-        named.append(name + (f" (did you mean {' or '.join(close)}?)" if close else ""))
+        hint = did_you_mean(name, sorted(known))
+        named.append(f"{name} ({hint})" if hint else name)
     return ConfigError(f"models[{candidate.name}]: {library} has no parameter "
                        f"{', '.join(named)}: correct its name in params or search "
                        f"({reference})")

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from .base import import_object, likely_names
+from .base import did_you_mean, import_object
 from .forecasting import TARGET, ForecastKind
 
 
@@ -26,9 +26,9 @@ def model_class(estimator: str) -> type:
         return getattr(statsforecast.models, estimator)
     except AttributeError:
         models = [name for name in dir(statsforecast.models) if name[:1].isupper()]
-        likely = likely_names(estimator, models)
-        raise ValueError(f"statsforecast.models has no model {estimator!r}" + (
-            f" (did you mean {' or '.join(likely)}?)" if likely else "")) from None
+        hint = did_you_mean(estimator, models)
+        raise ValueError(f"statsforecast.models has no model {estimator!r}"
+                         + (f" ({hint})" if hint else "")) from None
 
 
 #: The models this process has run once (``StatsForecastKind.warm_up``).
