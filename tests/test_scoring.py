@@ -91,8 +91,16 @@ def test_score_refuses_input_without_features_and_unknown_models(spark, champion
     with pytest.raises(DataError, match=r"\['x1'\].*\('x1': did you mean 'X1'\? names are "
                                         r"matched exactly\)"):
         scoring.score(uri, renamed, spark=spark)
-    with pytest.raises(RaybricksError, match="cannot load model"):
+    with pytest.raises(RaybricksError, match=r"cannot load model .*tracking URI"):
         scoring.score("models:/tests.no.such.model@champion", df, spark=spark)
+    # a misspelt name, alias or version: what the registry holds that it likely meant
+    misspelt = {f"models:/{MODEL[:-1]}@champion": rf"did you mean models:/{MODEL}@champion\?",
+                f"models:/{MODEL}@champoin": rf"did you mean models:/{MODEL}@champion\?",
+                f"models:/{MODEL}@latest_good": rf"{MODEL} has the aliases \[.*'champion'",
+                f"models:/{MODEL}/999": rf"{MODEL} has the versions \[1"}
+    for wrong, hint in misspelt.items():
+        with pytest.raises(RaybricksError, match=rf"cannot load model '{wrong}': .*{hint}"):
+            scoring.score(wrong, df, spark=spark)
 
 
 def test_score_command_writes_the_output(spark, champion, tmp_path, capsys):

@@ -160,11 +160,45 @@ def download_model(model_uri: str, directory: str) -> Path:
             return Path(mlflow.artifacts.download_artifacts(artifact_uri=model_uri,
                                                             dst_path=directory))
     except MlflowException as exc:
+        hint = registry_hint(model_uri)
         raise RaybricksError(
             f"cannot load model {model_uri!r}: {exc.message.splitlines()[0]} "
-            f"(tracking URI {mlflow.get_tracking_uri()}; set MLFLOW_TRACKING_URI / "
-            "MLFLOW_REGISTRY_URI to the registry that holds it)"
+            + (f"({hint})" if hint else
+               f"(tracking URI {mlflow.get_tracking_uri()}; set MLFLOW_TRACKING_URI / "
+               "MLFLOW_REGISTRY_URI to the registry that holds it)")
         ) from exc
+
+
+def registry_hint(model_uri: str) -> str:
+    """For a ``models:/`` URI the registry cannot resolve, what it likely meant: another
+    alias or version of the model, or a registered model of a close name ('' if none)."""
+    from mlflow import MlflowClient
+
+    from raybricks.kinds import did_you_mean
+    from raybricks.tracking.target import BY_ALIAS, BY_NUMBER
+
+    found = BY_ALIAS.fullmatch(model_uri) or BY_NUMBER.fullmatch(model_uri)
+    if not found:
+        return ""
+    name, pointer = found.groups()
+    client = MlflowClient()
+    try:
+        try:
+            model = client.get_registered_model(name)
+        except Exception:  # noqa: BLE001 - no such model: a close name, from one page
+            names = [m.name for m in client.search_registered_models(max_results=1000)]
+            pointed = model_uri.removeprefix(f"models:/{name}")  # @alias or /version
+            return did_you_mean(name, names, shown=lambda n: f"models:/{n}{pointed}")
+        aliases = [getattr(a, "alias", a) for a in model.aliases or []]
+        if BY_ALIAS.fullmatch(model_uri):
+            return (did_you_mean(pointer, aliases, shown=f"models:/{name}@{{}}".format)
+                    or f"{name} has the aliases {sorted(aliases)}")
+        versions = sorted(int(v.version) for v in client.search_model_versions(
+            f"name='{name}'"))
+        return (f"{name} has the versions {versions}" if len(versions) <= 10 else
+                f"{name}'s latest versions are {versions[-10:]}")
+    except Exception:  # noqa: BLE001 - a registry that cannot be searched: no hint
+        return ""
 
 
 def write_output(df: DataFrame, name_or_path: str) -> None:
