@@ -147,6 +147,10 @@ def test_a_users_kind_without_a_name_is_stored_under_its_import_path(tmp_path):
      r"LightGBM has no parameter n_estimator \(did you mean n_estimators\?\)"),
     ("lightgbm", {}, {"num_leave": [7, 15]},
      r"num_leave \(did you mean num_leaves or num_leaf\?\)"),
+    ("lightgbm", {}, {"num_leaves": [1, 15]},
+     r"\{.*'num_leaves': 1.*\} is not a valid setting of LightGBM: .*num_leaves"),
+    ("lightgbm", {"boosting_type": "gbdtt"}, {},
+     r"is not a valid setting of LightGBM: Unknown boosting type gbdtt"),
     ("xgboost", {"max_dept": 3}, {},
      r"XGBoost has no parameter max_dept \(did you mean max_depth\?\)"),
     ("xgboost", {}, {"max_depth": [3, -3]},
@@ -154,17 +158,20 @@ def test_a_users_kind_without_a_name_is_stored_under_its_import_path(tmp_path):
     ("catboost", {"iteration": 50}, {},
      r"CatBoost has no parameter iteration \(did you mean iterations\?\)"),
 ])
-def test_a_misspelt_booster_parameter_is_refused_before_any_cluster(tmp_path, kind, params,
-                                                                    search, message):
+def test_a_misspelt_or_invalid_booster_parameter_is_refused_before_any_cluster(
+        tmp_path, kind, params, search, message):
     """LightGBM and XGBoost only warn of a parameter they do not know, and training
     silences their warnings: the job's checks refuse it, for a table job and a
-    forecasting one (the lag models), naming the closest names. Their own aliases pass."""
+    forecasting one (the lag models), naming the closest names. Their own aliases pass;
+    so do settings that name the data's features. A value the library refuses is refused
+    before any cluster starts too."""
     from raybricks.pipeline import check_job
     from tests.test_forecast import forecast_job
 
     pytest.importorskip(kind)
     valid = {"lightgbm": {"n_estimators": 20, "num_leaves": 7, "min_data_in_leaf": 5,
-                          "subsample": 0.8, "lambda_l2": 1.0},
+                          "subsample": 0.8, "lambda_l2": 1.0, "device_type": "cpu",
+                          "monotone_constraints": [1, 0, 0, 0, 0, 0, 0]},  # per feature
              "xgboost": {"n_estimators": 20, "eta": 0.1, "max_depth": 3, "device": "cpu",
                          "min_child_weight": 2, "tree_method": "hist",
                          "monotone_constraints": {"x1": 1}},  # names the data's columns

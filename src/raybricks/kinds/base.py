@@ -245,6 +245,16 @@ def unknown_parameters(candidate: Any, unknown: set[str], known: set[str], libra
                        f"({reference})")
 
 
+def invalid_setting(candidate: Any, setting: dict[str, Any], library: str,
+                    exc: Exception) -> Exception:
+    """The ConfigError for a ``setting`` of ``candidate`` whose values ``library``
+    refuses (``exc``: its error)."""
+    from raybricks.errors import ConfigError, first_line
+
+    return ConfigError(f"models[{candidate.name}]: {setting} is not a valid setting of "
+                       f"{library}: {first_line(exc)}")
+
+
 def boosting_params(params: dict[str, Any], defaults: dict[str, Any], task: str,
                     n_classes: int, drop: tuple[str, ...] = ("n_jobs", "random_state",
                                                             "verbose", "verbosity"),

@@ -7,11 +7,24 @@ from typing import Any
 
 import numpy as np
 
-from .base import CLASSIFICATION, ModelKind, boosting_params, unknown_parameters
+from .base import (
+    CLASSIFICATION,
+    ModelKind,
+    boosting_params,
+    candidate_settings,
+    invalid_setting,
+    unknown_parameters,
+)
 
 OBJECTIVES = {"regression": "regression", "binary": "binary", "multiclass": "multiclass"}
 #: Where LightGBM lists its parameters.
 REFERENCE = "https://lightgbm.readthedocs.io/en/latest/Parameters.html"
+#: Not checked on a booster of four made-up rows (nor their aliases): set by the job's task
+#: at fit, naming the data's features, or needing the training host's devices.
+UNCHECKED = ("objective", "num_class", "metric", "monotone_constraints",
+             "interaction_constraints", "categorical_feature", "forcedsplits_filename",
+             "device_type", "gpu_platform_id", "gpu_device_id", "num_gpu", "tree_learner",
+             "class_weight", "importance_type")
 VALIDATION_METRICS = {"regression": "l2", "binary": "binary_logloss",
                       "multiclass": "multi_logloss"}
 
@@ -38,12 +51,36 @@ class LightGBMKind(ModelKind):
     def check(self) -> None:
         """Every name in the candidate's params and search is one LightGBM takes (its
         estimators' arguments, its parameters and their aliases): LightGBM itself only
-        logs a warning for an unknown one, which training silences."""
+        logs a warning for an unknown one, which training silences. Then each setting
+        (``candidate_settings``) configures a LightGBM booster: a value it refuses
+        (``num_leaves: 1``) is a ConfigError."""
         names = self.parameter_names()
         given = set(self.candidate.params) | set(self.candidate.search)
-        if names is not None and given - names:
+        if names is None:
+            return
+        if given - names:
             raise unknown_parameters(self.candidate, given - names, names, "LightGBM",
                                      REFERENCE)
+        self.check_values()
+
+    def check_values(self) -> None:
+        import contextlib
+        import io
+
+        import lightgbm as lgb
+
+        unchecked = lgb.basic._ConfigAliases.get(*UNCHECKED) | set(UNCHECKED)
+        rows, target = np.arange(8.0).reshape(4, 2), np.arange(4.0)
+        for setting in candidate_settings(self.candidate):
+            params = {"verbose": -1, "objective": "regression"} | {
+                name: value for name, value in setting.items() if name not in unchecked}
+            with contextlib.redirect_stdout(io.StringIO()):  # LightGBM prints its fatal
+                try:
+                    lgb.Booster(params, lgb.Dataset(rows, target, params=params))
+                except lgb.basic.LightGBMError as exc:
+                    raise invalid_setting(self.candidate, setting, "LightGBM", exc) from None
+                except Exception:  # noqa: BLE001, S112 - needs the data: the fit will tell
+                    continue
 
     @staticmethod
     def parameter_names() -> set[str] | None:

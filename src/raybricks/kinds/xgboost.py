@@ -8,7 +8,14 @@ from typing import Any
 
 import numpy as np
 
-from .base import CLASSIFICATION, ModelKind, boosting_params, candidate_settings, unknown_parameters
+from .base import (
+    CLASSIFICATION,
+    ModelKind,
+    boosting_params,
+    candidate_settings,
+    invalid_setting,
+    unknown_parameters,
+)
 
 OBJECTIVES = {"regression": "reg:squarederror", "binary": "binary:logistic",
               "multiclass": "multi:softprob"}
@@ -56,8 +63,6 @@ class XGBoostKind(ModelKind):
 
         import xgboost as xgb
 
-        from raybricks.errors import ConfigError, first_line
-
         tiny = xgb.DMatrix(np.arange(8.0).reshape(4, 2), label=np.arange(4.0))
         unused: set[str] = set()
         for setting in candidate_settings(self.candidate):
@@ -69,8 +74,7 @@ class XGBoostKind(ModelKind):
                 try:
                     xgb.Booster(booster, [tiny]).save_config()
                 except xgb.core.XGBoostError as exc:
-                    raise ConfigError(f"models[{self.candidate.name}]: {setting} is not a "
-                                      f"valid setting of XGBoost: {first_line(exc)}") from None
+                    raise invalid_setting(self.candidate, setting, "XGBoost", exc) from None
                 except Exception:  # noqa: BLE001, S112 - needs the data: the fit will tell
                     continue
             for warning in caught:
