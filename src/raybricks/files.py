@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING
 from urllib.parse import unquote
 
 from raybricks import console, csv_files, parquet
-from raybricks.errors import DataError, SourceNotFound
+from raybricks.errors import DataError, SourceNotFound, first_line
 from raybricks.session import is_spark_connect, spark_cores
 
 if TYPE_CHECKING:
@@ -213,7 +213,7 @@ class SegmentFiles:
                     raw = parquet.read(self.spark, self._reader().option("mergeSchema", "true"),
                                        self.folder)
             except AnalysisException as exc:
-                first = str(exc).strip().splitlines()[0]
+                first = first_line(exc)
                 raise SourceNotFound(
                     f"no {self.format} files match source.path {self.path!r} (as the glob "
                     f"{glob!r}): {first}. Check the folder and the template") from exc
@@ -354,7 +354,7 @@ class SegmentFiles:
                      .join(wanted, "p").collect())
         except Exception as exc:  # noqa: BLE001 - the sizes only word the reasons
             log.warning("could not look up the sizes of the files that gave no rows: %s",
-                        str(exc).strip().splitlines()[0] if str(exc).strip() else exc)
+                        first_line(exc))
             return {}
         return dict.fromkeys(paths, 0) | {row["p"]: int(row["size"]) for row in found}
 

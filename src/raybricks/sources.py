@@ -107,7 +107,7 @@ def _read_files(source: SourceConfig, spark: SparkSession | None) -> DataFrame:
         return reader.load(source.path)
     except AnalysisException as exc:
         raise SourceNotFound(f"cannot read {source.format} at source.path={source.path!r}: "
-                             f"{str(exc).splitlines()[0]}") from exc
+                             f"{first_line(exc)}") from exc
 
 
 def _active_spark() -> SparkSession | None:

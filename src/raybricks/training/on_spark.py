@@ -48,7 +48,7 @@ from raybricks import console
 from raybricks.compat import arrow_schema
 from raybricks.config import JobConfig
 from raybricks.data import arrow_size_estimate, segment_starts
-from raybricks.errors import SetupError
+from raybricks.errors import SetupError, first_line
 from raybricks.results import Outcome, commit_part, read_parts, write_part
 from raybricks.sources import join_on_segments
 from raybricks.training.blocks import SparkBlocks
@@ -359,7 +359,7 @@ def train_on_spark(segments: SparkSegments, task: Task, plan: Plan, config: JobC
         except Exception as exc:  # noqa: BLE001 - Spark's error: the job failed
             if limit:
                 raise
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            first = first_line(exc)
             if "maxResultSize" in str(exc):
                 first = (f"{RESULT_SIZE}: set training.output_dir to a path Spark's "
                          "executors reach (a Unity Catalog Volume), where the tasks write "
