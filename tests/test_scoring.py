@@ -101,6 +101,8 @@ def test_score_refuses_input_without_features_and_unknown_models(spark, champion
     for wrong, hint in misspelt.items():
         with pytest.raises(RaybricksError, match=rf"cannot load model '{wrong}': .*{hint}"):
             scoring.score(wrong, df, spark=spark)
+    # a URI that resolves gets no hint (a download failing elsewhere names the registry)
+    assert scoring.registry_hint(uri) == scoring.registry_hint(f"models:/{MODEL}/1") == ""
 
 
 def test_score_command_writes_the_output(spark, champion, tmp_path, capsys):

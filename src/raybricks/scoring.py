@@ -189,12 +189,17 @@ def registry_hint(model_uri: str) -> str:
             names = [m.name for m in client.search_registered_models(max_results=1000)]
             pointed = model_uri.removeprefix(f"models:/{name}")  # @alias or /version
             return did_you_mean(name, names, shown=lambda n: f"models:/{n}{pointed}")
-        aliases = [getattr(a, "alias", a) for a in model.aliases or []]
         if BY_ALIAS.fullmatch(model_uri):
+            aliases = sorted(getattr(a, "alias", a) for a in model.aliases or [])
+            if pointer in aliases:  # it resolves: the failure is elsewhere
+                return ""
             return (did_you_mean(pointer, aliases, shown=f"models:/{name}@{{}}".format)
-                    or f"{name} has the aliases {sorted(aliases)}")
+                    or (f"{name} has the aliases {aliases}" if aliases else
+                        f"{name} has no aliases: use models:/{name}/VERSION"))
         versions = sorted(int(v.version) for v in client.search_model_versions(
             f"name='{name}'"))
+        if int(pointer) in versions:
+            return ""
         return (f"{name} has the versions {versions}" if len(versions) <= 10 else
                 f"{name}'s latest versions are {versions[-10:]}")
     except Exception:  # noqa: BLE001 - a registry that cannot be searched: no hint
