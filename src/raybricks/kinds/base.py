@@ -246,13 +246,16 @@ def unknown_parameters(candidate: Any, unknown: set[str], known: set[str], libra
 
 
 def invalid_setting(candidate: Any, setting: dict[str, Any], library: str,
-                    exc: Exception) -> Exception:
+                    exc: Exception, reference: str) -> Exception:
     """The ConfigError for a ``setting`` of ``candidate`` whose values ``library``
-    refuses (``exc``: its error)."""
+    refuses (``exc``: its error, without the C++ source line it may name)."""
+    import re
+
     from raybricks.errors import ConfigError, first_line
 
+    why = re.sub(r"\s+at \S+, line \d+\s*\.?$", "", first_line(exc))
     return ConfigError(f"models[{candidate.name}]: {setting} is not a valid setting of "
-                       f"{library}: {first_line(exc)}")
+                       f"{library}: {why}: correct it in params or search ({reference})")
 
 
 def boosting_params(params: dict[str, Any], defaults: dict[str, Any], task: str,

@@ -78,7 +78,8 @@ class LightGBMKind(ModelKind):
                 try:
                     lgb.Booster(params, lgb.Dataset(rows, target, params=params))
                 except lgb.basic.LightGBMError as exc:
-                    raise invalid_setting(self.candidate, setting, "LightGBM", exc) from None
+                    raise invalid_setting(self.candidate, setting, "LightGBM", exc,
+                                          REFERENCE) from None
                 except Exception:  # noqa: BLE001, S112 - needs the data: the fit will tell
                     continue
 

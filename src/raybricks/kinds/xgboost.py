@@ -74,7 +74,8 @@ class XGBoostKind(ModelKind):
                 try:
                     xgb.Booster(booster, [tiny]).save_config()
                 except xgb.core.XGBoostError as exc:
-                    raise invalid_setting(self.candidate, setting, "XGBoost", exc) from None
+                    raise invalid_setting(self.candidate, setting, "XGBoost", exc,
+                                          REFERENCE) from None
                 except Exception:  # noqa: BLE001, S112 - needs the data: the fit will tell
                     continue
             for warning in caught:
