@@ -22,7 +22,10 @@ REFERENCE = "https://lightgbm.readthedocs.io/en/latest/Parameters.html"
 #: Not checked on a booster of four made-up rows (nor their aliases): set by the job's task
 #: at fit, naming the data's features, or needing the training host's devices.
 UNCHECKED = ("objective", "num_class", "metric", "monotone_constraints",
-             "interaction_constraints", "categorical_feature", "forcedsplits_filename",
+             "interaction_constraints", "categorical_feature", "max_bin_by_feature",
+             "feature_contri", "cegb_penalty_feature_lazy", "cegb_penalty_feature_coupled",
+             "forcedsplits_filename", "forcedbins_filename", "ignore_column",
+             "weight_column", "group_column", "label_column", "input_model",
              "device_type", "gpu_platform_id", "gpu_device_id", "num_gpu", "tree_learner",
              "class_weight", "importance_type")
 VALIDATION_METRICS = {"regression": "l2", "binary": "binary_logloss",
