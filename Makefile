@@ -10,7 +10,8 @@ STAMP := $(VENV)/.synced
 RUNTIMES := dbr-15.4 dbr-16.4 dbr-17.3
 
 .PHONY: setup test demo ui-check lint bench clean test-runtimes $(addprefix test-,$(RUNTIMES)) \
-	$(addprefix setup-,$(RUNTIMES)) runtimes-table setup-foundation test-foundation
+	$(addprefix setup-,$(RUNTIMES)) runtimes-table print-runtimes setup-foundation \
+	test-foundation
 
 setup: $(STAMP)
 
@@ -66,6 +67,9 @@ test-runtimes: $(addprefix test-,$(RUNTIMES))
 
 runtimes-table:
 	$(PYTHON) ci/runtimes/table.py --write
+
+print-runtimes:
+	@echo $(RUNTIMES)
 
 # The `foundation` extra's tests (pretrained Chronos and TimesFM on tiny random-weight
 # models) in their own environment: CPU torch from a local wheel, then the locked packages
