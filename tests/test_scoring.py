@@ -92,9 +92,11 @@ def test_score_refuses_input_without_features_and_unknown_models(spark, champion
                                         r"matched exactly\)"):
         scoring.score(uri, renamed, spark=spark)
     with pytest.raises(RaybricksError, match=r"cannot load model .*tracking URI"):
-        scoring.score("models:/tests.no.such.model@champion", df, spark=spark)
+        scoring.score("models:/tests.no_model_is_named_like_this@champion", df,
+                      spark=spark)  # nothing close in the session's store
     # a misspelt name, alias or version: what the registry holds that it likely meant
-    misspelt = {f"models:/{MODEL[:-1]}@champion": rf"did you mean models:/{MODEL}@champion\?",
+    # (the closest first; other models of the session's store may be close too)
+    misspelt = {f"models:/{MODEL[:-1]}@champion": rf"did you mean models:/{MODEL}@champion\b",
                 f"models:/{MODEL}@champoin": rf"did you mean models:/{MODEL}@champion\?",
                 f"models:/{MODEL}@latest_good": rf"{MODEL} has the aliases \[.*'champion'",
                 f"models:/{MODEL}/999": rf"{MODEL} has the versions \[1"}
