@@ -100,9 +100,8 @@ def test_runtimes_table_is_written_from_the_records_and_checked(tmp_path, monkey
     assert "| DBR 15.4 | 3.11 |" in text and "| 1 failed |" in text
 
 
-def documented_rows() -> dict[str, dict[str, str]]:
+def documented_rows(table) -> dict[str, dict[str, str]]:
     """docs/databricks.md's runtimes table: each row's package versions by column."""
-    table = load("table")
     text = table.DOC.read_text().split(table.START, 1)[1].split(table.END, 1)[0]
     rows = [[cell.strip() for cell in line.strip("|").split("|")]
             for line in text.strip().splitlines()[2:]]
@@ -120,7 +119,8 @@ def locked_versions() -> dict[str, set[str]]:
 def test_the_docs_table_names_the_versions_the_lock_and_the_profiles_hold():
     """The table is rewritten from CI's runs (`make runtimes-table`); this catches, at once,
     a lock refresh or a profile change that the table does not show yet."""
-    rows = documented_rows()
+    table = load("table")
+    rows = documented_rows(table)
     newest = next(cells for name, cells in rows.items() if name.startswith("newest"))
     locked = locked_versions()
     for column, version in newest.items():
@@ -128,7 +128,7 @@ def test_the_docs_table_names_the_versions_the_lock_and_the_profiles_hold():
             f"the table's newest row has {column} {version}; uv.lock holds "
             f"{sorted(locked.get(canonicalize_name(column), []))}: run `make runtimes-table`")
     for profile in PROFILES:
-        env = load("table").profile_env(profile)
+        env = table.profile_env(profile)
         # the runtime's Spark (its constraints list databricks-connect's pyspark, masked)
         runtime = runtime_versions(profile) | {"pyspark": env["SPARK"]}
         name = f"DBR {env['RUNTIME']}"

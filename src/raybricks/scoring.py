@@ -177,7 +177,8 @@ def registry_hint(model_uri: str) -> str:
     from raybricks.kinds import did_you_mean
     from raybricks.tracking.target import BY_ALIAS, BY_NUMBER
 
-    found = BY_ALIAS.fullmatch(model_uri) or BY_NUMBER.fullmatch(model_uri)
+    by_alias = BY_ALIAS.fullmatch(model_uri)
+    found = by_alias or BY_NUMBER.fullmatch(model_uri)
     if not found:
         return ""
     name, pointer = found.groups()
@@ -189,7 +190,7 @@ def registry_hint(model_uri: str) -> str:
             names = [m.name for m in client.search_registered_models(max_results=1000)]
             pointed = model_uri.removeprefix(f"models:/{name}")  # @alias or /version
             return did_you_mean(name, names, shown=lambda n: f"models:/{n}{pointed}")
-        if BY_ALIAS.fullmatch(model_uri):
+        if by_alias:
             aliases = sorted(getattr(a, "alias", a) for a in model.aliases or [])
             if pointer in aliases:  # it resolves: the failure is elsewhere
                 return ""

@@ -245,17 +245,26 @@ def unknown_parameters(candidate: Any, unknown: set[str], known: set[str], libra
                        f"({reference})")
 
 
-def invalid_setting(candidate: Any, setting: dict[str, Any], library: str,
-                    exc: Exception, reference: str) -> Exception:
-    """The ConfigError for a ``setting`` of ``candidate`` whose values ``library``
-    refuses (``exc``: its error, without the C++ source line it may name)."""
+def check_settings(candidate: Any, configure: Callable[[dict[str, Any]], None],
+                   refused: type[Exception], library: str, reference: str) -> None:
+    """Each setting of ``candidate`` (``candidate_settings``) through ``configure`` (a
+    booster on made-up rows): the library's ``refused`` error is a ConfigError naming the
+    setting and the library's reason (without the C++ source line it may name); any other
+    error needs the data, and the fit will tell."""
     import re
 
     from raybricks.errors import ConfigError, first_line
 
-    why = re.sub(r"\s+at \S+, line \d+\s*\.?$", "", first_line(exc))
-    return ConfigError(f"models[{candidate.name}]: {setting} is not a valid setting of "
-                       f"{library}: {why}: correct it in params or search ({reference})")
+    for setting in candidate_settings(candidate):
+        try:
+            configure(setting)
+        except refused as exc:
+            why = re.sub(r"\s+at \S+, line \d+\s*\.?$", "", first_line(exc))
+            raise ConfigError(f"models[{candidate.name}]: {setting} is not a valid setting "
+                              f"of {library}: {why}: correct it in params or search "
+                              f"({reference})") from None
+        except Exception:  # noqa: BLE001, S112 - needs the data: the fit will tell
+            continue
 
 
 def boosting_params(params: dict[str, Any], defaults: dict[str, Any], task: str,

@@ -7,14 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from .base import (
-    CLASSIFICATION,
-    ModelKind,
-    boosting_params,
-    candidate_settings,
-    invalid_setting,
-    unknown_parameters,
-)
+from .base import CLASSIFICATION, ModelKind, boosting_params, check_settings, unknown_parameters
 
 OBJECTIVES = {"regression": "regression", "binary": "binary", "multiclass": "multiclass"}
 #: Where LightGBM lists its parameters.
@@ -55,7 +48,7 @@ class LightGBMKind(ModelKind):
         """Every name in the candidate's params and search is one LightGBM takes (its
         estimators' arguments, its parameters and their aliases): LightGBM itself only
         logs a warning for an unknown one, which training silences. Then each setting
-        (``candidate_settings``) configures a LightGBM booster: a value it refuses
+        (``check_settings``) configures a LightGBM booster: a value it refuses
         (``num_leaves: 1``) is a ConfigError."""
         names = self.parameter_names()
         given = set(self.candidate.params) | set(self.candidate.search)
@@ -74,17 +67,15 @@ class LightGBMKind(ModelKind):
 
         unchecked = lgb.basic._ConfigAliases.get(*UNCHECKED) | set(UNCHECKED)
         rows, target = np.arange(8.0).reshape(4, 2), np.arange(4.0)
-        for setting in candidate_settings(self.candidate):
+
+        def configure(setting: dict[str, Any]) -> None:
             params = {"verbose": -1, "objective": "regression"} | {
                 name: value for name, value in setting.items() if name not in unchecked}
             with contextlib.redirect_stdout(io.StringIO()):  # LightGBM prints its fatal
-                try:
-                    lgb.Booster(params, lgb.Dataset(rows, target, params=params))
-                except lgb.basic.LightGBMError as exc:
-                    raise invalid_setting(self.candidate, setting, "LightGBM", exc,
-                                          REFERENCE) from None
-                except Exception:  # noqa: BLE001, S112 - needs the data: the fit will tell
-                    continue
+                lgb.Booster(params, lgb.Dataset(rows, target, params=params))
+
+        check_settings(self.candidate, configure, lgb.basic.LightGBMError, "LightGBM",
+                       REFERENCE)
 
     @staticmethod
     def parameter_names() -> set[str] | None:

@@ -8,14 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from .base import (
-    CLASSIFICATION,
-    ModelKind,
-    boosting_params,
-    candidate_settings,
-    invalid_setting,
-    unknown_parameters,
-)
+from .base import CLASSIFICATION, ModelKind, boosting_params, check_settings, unknown_parameters
 
 OBJECTIVES = {"regression": "reg:squarederror", "binary": "binary:logistic",
               "multiclass": "multi:softprob"}
@@ -65,22 +58,19 @@ class XGBoostKind(ModelKind):
 
         tiny = xgb.DMatrix(np.arange(8.0).reshape(4, 2), label=np.arange(4.0))
         unused: set[str] = set()
-        for setting in candidate_settings(self.candidate):
+
+        def configure(setting: dict[str, Any]) -> None:
             booster = {name: value for name, value in
                        xgb.XGBRegressor(**setting).get_xgb_params().items()
                        if name not in UNCHECKED}
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
-                try:
-                    xgb.Booster(booster, [tiny]).save_config()
-                except xgb.core.XGBoostError as exc:
-                    raise invalid_setting(self.candidate, setting, "XGBoost", exc,
-                                          REFERENCE) from None
-                except Exception:  # noqa: BLE001, S112 - needs the data: the fit will tell
-                    continue
+                xgb.Booster(booster, [tiny]).save_config()
             for warning in caught:
                 found = UNUSED.search(str(warning.message))
-                unused |= set(re.findall(r'"([^"]+)"', found.group(1))) if found else set()
+                unused.update(re.findall(r'"([^"]+)"', found.group(1)) if found else ())
+
+        check_settings(self.candidate, configure, xgb.core.XGBoostError, "XGBoost", REFERENCE)
         if unused:
             raise unknown_parameters(self.candidate, unused,
                                      set(xgb.XGBRegressor().get_params()), "XGBoost",
